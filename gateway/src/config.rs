@@ -1,0 +1,359 @@
+//! The configuration file (`toolrun.yaml`, in the spirit of the seeds' `tools.yaml`).
+//!
+//! Every key is optional; unknown keys and out-of-range values are rejected at startup
+//! with a message naming the key (`tools.calculator.timeout_ms: must be 100..=60000`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Smallest per-tool timeout (seed 000).
+pub const MIN_TIMEOUT_MS: u64 = 100;
+/// Largest per-tool timeout (seed 000).
+pub const MAX_TIMEOUT_MS: u64 = 60_000;
+/// Default per-tool timeout (seed 000).
+pub const DEFAULT_TIMEOUT_MS: u64 = 5_000;
+
+/// A configuration problem, naming the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML for this schema.
+    #[error("config file {path}: {key}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// Dotted key path.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value is out of range.
+    #[error("config: {key}: {message}")]
+    Invalid {
+        /// Dotted key path.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Sandbox settings shared by every sandboxed tool.
+    pub sandbox: SandboxConfig,
+    /// Per-tool settings, keyed by tool id.
+    pub tools: BTreeMap<String, ToolConfig>,
+}
+
+/// Per-tool settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ToolConfig {
+    /// Disabled tools are not listed and calls get TOOL_DISABLED.
+    pub enabled: bool,
+    /// Longest a call may take, 100..=60000 ms. For run_code this is the ceiling of
+    /// the `timeout` argument too.
+    pub timeout_ms: u64,
+    /// Sandbox limits for this tool, over the global `sandbox.limits`.
+    pub limits: Option<LimitsOverride>,
+}
+
+impl Default for ToolConfig {
+    fn default() -> Self {
+        ToolConfig {
+            enabled: true,
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+            limits: None,
+        }
+    }
+}
+
+/// Which backend runs sandboxed code.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// A Linux sandbox per call on this machine.
+    #[default]
+    Local,
+}
+
+/// Sandbox settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SandboxConfig {
+    /// Which backend.
+    pub backend: BackendKind,
+    /// Path of `toolrun-runner`; default: next to the `toolrun` executable.
+    pub runner_path: Option<PathBuf>,
+    /// Interpreter paths as seen inside the sandbox.
+    pub interpreters: Interpreters,
+    /// Host directories mounted read-only into the sandbox (the runtime files the
+    /// interpreters need). Nothing else of the host is visible.
+    pub readonly_paths: Vec<PathBuf>,
+    /// Runs at once; further calls queue within their timeout. Default: number of cores.
+    pub max_concurrent_runs: Option<usize>,
+    /// Default limits of every run.
+    pub limits: Limits,
+    /// run_code's `timeout` default, in seconds.
+    pub default_timeout_seconds: u64,
+    /// Refuse to start when a required isolation mechanism is unavailable (default true).
+    /// When false the gateway starts and reports the missing mechanism in /readyz and logs.
+    pub require_full_isolation: bool,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            backend: BackendKind::Local,
+            runner_path: None,
+            interpreters: Interpreters::default(),
+            readonly_paths: ["/usr", "/bin", "/sbin", "/lib", "/lib64", "/lib32"]
+                .into_iter()
+                .map(PathBuf::from)
+                .collect(),
+            max_concurrent_runs: None,
+            limits: Limits::default(),
+            default_timeout_seconds: 10,
+            require_full_isolation: true,
+        }
+    }
+}
+
+/// Interpreter paths.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Interpreters {
+    /// Python 3.
+    pub python: PathBuf,
+    /// Node.js.
+    pub javascript: PathBuf,
+    /// Bash.
+    pub bash: PathBuf,
+}
+
+impl Default for Interpreters {
+    fn default() -> Self {
+        Interpreters {
+            python: "/usr/bin/python3".into(),
+            javascript: "/usr/bin/node".into(),
+            bash: "/bin/bash".into(),
+        }
+    }
+}
+
+/// Resource limits of one sandboxed run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Memory (RSS + page cache of the run), MiB.
+    pub memory_mb: u64,
+    /// CPU time, seconds.
+    pub cpu_seconds: u64,
+    /// Processes and threads.
+    pub max_processes: u64,
+    /// Largest file the run may write, MiB.
+    pub max_file_size_mb: u64,
+    /// Open file descriptors.
+    pub max_open_files: u64,
+    /// Size of the private /tmp, MiB.
+    pub tmp_size_mb: u64,
+    /// Bytes kept per output stream.
+    pub output_limit_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_mb: 256,
+            cpu_seconds: 30,
+            max_processes: 64,
+            max_file_size_mb: 16,
+            max_open_files: 256,
+            tmp_size_mb: 64,
+            output_limit_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// Per-tool overrides of [`Limits`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LimitsOverride {
+    /// See [`Limits::memory_mb`].
+    pub memory_mb: Option<u64>,
+    /// See [`Limits::cpu_seconds`].
+    pub cpu_seconds: Option<u64>,
+    /// See [`Limits::max_processes`].
+    pub max_processes: Option<u64>,
+    /// See [`Limits::max_file_size_mb`].
+    pub max_file_size_mb: Option<u64>,
+    /// See [`Limits::max_open_files`].
+    pub max_open_files: Option<u64>,
+    /// See [`Limits::tmp_size_mb`].
+    pub tmp_size_mb: Option<u64>,
+    /// See [`Limits::output_limit_bytes`].
+    pub output_limit_bytes: Option<u64>,
+}
+
+impl Limits {
+    /// These limits with `o`'s values where set.
+    pub fn merged(&self, o: Option<&LimitsOverride>) -> Limits {
+        let Some(o) = o else { return self.clone() };
+        Limits {
+            memory_mb: o.memory_mb.unwrap_or(self.memory_mb),
+            cpu_seconds: o.cpu_seconds.unwrap_or(self.cpu_seconds),
+            max_processes: o.max_processes.unwrap_or(self.max_processes),
+            max_file_size_mb: o.max_file_size_mb.unwrap_or(self.max_file_size_mb),
+            max_open_files: o.max_open_files.unwrap_or(self.max_open_files),
+            tmp_size_mb: o.tmp_size_mb.unwrap_or(self.tmp_size_mb),
+            output_limit_bytes: o.output_limit_bytes.unwrap_or(self.output_limit_bytes),
+        }
+    }
+
+    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        let checks: [(&str, u64, u64, u64); 7] = [
+            ("memory_mb", self.memory_mb, 16, 65_536),
+            ("cpu_seconds", self.cpu_seconds, 1, 3_600),
+            ("max_processes", self.max_processes, 1, 4_096),
+            ("max_file_size_mb", self.max_file_size_mb, 1, 65_536),
+            ("max_open_files", self.max_open_files, 16, 65_536),
+            ("tmp_size_mb", self.tmp_size_mb, 1, 65_536),
+            ("output_limit_bytes", self.output_limit_bytes, 1_024, 64 * 1024 * 1024),
+        ];
+        for (name, value, lo, hi) in checks {
+            if !(lo..=hi).contains(&value) {
+                return Err(ConfigError::Invalid {
+                    key: format!("{key}.{name}"),
+                    message: format!("{value} is out of range {lo}..={hi}"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Config {
+    /// Reads and validates a YAML file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_yaml(&text).map_err(|e| match e {
+            ConfigError::Parse { key, message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                key,
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates YAML text.
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        let de = serde_yaml_ng::Deserializer::from_str(text);
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            ConfigError::Parse {
+                path: PathBuf::new(),
+                key: if key == "." { "(top level)".into() } else { key },
+                message: e.into_inner().to_string(),
+            }
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks ranges that the types cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.sandbox.limits.validate("sandbox.limits")?;
+        if self.sandbox.max_concurrent_runs == Some(0) {
+            return Err(ConfigError::Invalid {
+                key: "sandbox.max_concurrent_runs".into(),
+                message: "must be at least 1".into(),
+            });
+        }
+        let max_s = MAX_TIMEOUT_MS / 1000;
+        if !(1..=max_s).contains(&self.sandbox.default_timeout_seconds) {
+            return Err(ConfigError::Invalid {
+                key: "sandbox.default_timeout_seconds".into(),
+                message: format!("must be 1..={max_s}"),
+            });
+        }
+        for (id, tool) in &self.tools {
+            if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&tool.timeout_ms) {
+                return Err(ConfigError::Invalid {
+                    key: format!("tools.{id}.timeout_ms"),
+                    message: format!(
+                        "{} is out of range {MIN_TIMEOUT_MS}..={MAX_TIMEOUT_MS}",
+                        tool.timeout_ms
+                    ),
+                });
+            }
+            if tool.limits.is_some() {
+                self.sandbox
+                    .limits
+                    .merged(tool.limits.as_ref())
+                    .validate(&format!("tools.{id}.limits"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The settings of `tool`, or its defaults.
+    pub fn tool(&self, id: &str) -> Option<&ToolConfig> {
+        self.tools.get(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c = Config::from_yaml("{}").unwrap();
+        assert_eq!(c, Config::default());
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = Config::from_yaml("tools:\n  calculator:\n    enabeld: true\n").unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("tools.calculator"), "{msg}");
+        assert!(msg.contains("enabeld"), "{msg}");
+    }
+
+    #[test]
+    fn out_of_range_timeout_is_named() {
+        let err = Config::from_yaml("tools:\n  calculator:\n    timeout_ms: 50\n").unwrap_err();
+        assert!(err.to_string().contains("tools.calculator.timeout_ms"), "{err}");
+        let err = Config::from_yaml("tools:\n  run_code:\n    timeout_ms: 60001\n").unwrap_err();
+        assert!(err.to_string().contains("tools.run_code.timeout_ms"), "{err}");
+    }
+
+    #[test]
+    fn limits_are_range_checked_and_merged() {
+        let err = Config::from_yaml("sandbox:\n  limits:\n    memory_mb: 1\n").unwrap_err();
+        assert!(err.to_string().contains("sandbox.limits.memory_mb"), "{err}");
+        let c = Config::from_yaml("tools:\n  run_code:\n    limits:\n      memory_mb: 512\n")
+            .unwrap();
+        let merged = c
+            .sandbox
+            .limits
+            .merged(c.tool("run_code").unwrap().limits.as_ref());
+        assert_eq!(merged.memory_mb, 512);
+        assert_eq!(merged.max_processes, Limits::default().max_processes);
+    }
+}

@@ -1,0 +1,15 @@
+//! toolrun: a gateway that validates and runs AI agents' tool calls.
+//!
+//! Layers, inward first: [`error`], [`tool`] and [`canonical`] (the tool abstraction),
+//! [`registry`] and [`exec`] (the per-call flow), [`tools`] (built-ins), [`sandbox`]
+//! (where untrusted code runs), then the servers and the CLI.
+
+pub mod canonical;
+pub mod config;
+pub mod error;
+pub mod exec;
+pub mod metrics;
+pub mod registry;
+pub mod sandbox;
+pub mod tool;
+pub mod tools;

@@ -1,0 +1,1 @@
+//! The local Linux sandbox (not implemented yet).

@@ -1,0 +1,82 @@
+//! Where untrusted code runs.
+//!
+//! A [`Sandbox`] takes a [`toolrun_runner::RunSpec`] plus the limits that must be enforced
+//! from outside the program, runs `toolrun-runner` under isolation, forwards live output and
+//! returns the runner's [`RunRecord`]. Backends: [`local`] (Linux namespaces on this machine);
+//! the Kubernetes backend comes with the operator.
+
+pub mod local;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use toolrun_runner::{RunRecord, RunSpec};
+
+use crate::config::Limits;
+use crate::tool::StreamChunk;
+
+/// One isolation mechanism and whether it is in force.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mechanism {
+    /// Short name, e.g. `user-namespace`, `cgroup-v1-memory`, `seccomp`.
+    pub name: String,
+    /// In force for every run.
+    pub active: bool,
+    /// What it does or why it is missing, and what replaces it.
+    pub detail: String,
+}
+
+/// What a backend reports about itself (startup log, `/readyz`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SandboxInfo {
+    /// Backend name, e.g. `local`.
+    pub backend: String,
+    /// Mechanisms, active or not.
+    pub mechanisms: Vec<Mechanism>,
+}
+
+/// One run: what the runner gets, and the limits the sandbox enforces around it.
+#[derive(Debug, Clone)]
+pub struct SandboxRun {
+    /// Handed to `toolrun-runner` unchanged (its `limits.timeout_ms` is the program's
+    /// wall-clock limit).
+    pub spec: RunSpec,
+    /// Memory, processes, /tmp size... enforced outside the runner.
+    pub limits: Limits,
+}
+
+/// Failures of the sandbox itself (not of the program: those are verdicts in the record).
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// The sandbox could not be set up or the runner could not start.
+    #[error("sandbox setup failed: {0}")]
+    Setup(String),
+    /// The runner ended without a valid result record.
+    #[error("runner protocol error: {0}")]
+    Protocol(String),
+    /// I/O with the sandboxed process failed.
+    #[error("sandbox i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A backend that runs code in isolation.
+#[async_trait]
+pub trait Sandbox: Send + Sync + 'static {
+    /// Backend name and active mechanisms.
+    fn info(&self) -> SandboxInfo;
+
+    /// Runs one program to completion.
+    ///
+    /// - Live output goes to `stream` when given (at most the output limit per stream).
+    /// - When `cancel` fires, every process of the run is killed and the record's verdict
+    ///   is `CANCELLED`.
+    /// - Nothing of the run survives this call: every process, mount and file is gone
+    ///   when it returns, whatever the program did.
+    async fn run(
+        &self,
+        run: SandboxRun,
+        stream: Option<mpsc::Sender<StreamChunk>>,
+        cancel: CancellationToken,
+    ) -> Result<RunRecord, SandboxError>;
+}

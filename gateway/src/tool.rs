@@ -1,0 +1,209 @@
+//! The tool abstraction: metadata, schemas, and the call interface every tool implements.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{ErrorCode, ToolError};
+
+/// What a tool is for (seed 000's categories plus `filesystem`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Category {
+    /// Pure computation (calculator, hash).
+    Computation,
+    /// Runs code or commands.
+    Execution,
+    /// Looks things up.
+    Search,
+    /// Agent memory.
+    Memory,
+    /// Small helpers (echo).
+    Utility,
+    /// Workspace files.
+    Filesystem,
+}
+
+/// Whether a call changes anything outside its own result (seed 003).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SideEffect {
+    /// No side effects: safe to retry and cache.
+    Pure,
+    /// Has side effects.
+    Impure,
+}
+
+/// How repeatable a call is (seed 003).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Determinism {
+    /// Same input, same output.
+    Deterministic,
+    /// Uses injected time or randomness; repeatable with the same context.
+    Bounded,
+    /// Depends on the outside world.
+    NonDeterministic,
+}
+
+/// Whether a call needs a human's approval first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalPolicy {
+    /// Runs without approval.
+    Never,
+    /// Every call needs approval.
+    Always,
+}
+
+/// Static facts about a tool, declared by its implementation.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolMetadata {
+    /// Stable id, e.g. `calculator`; the name models call.
+    pub id: &'static str,
+    /// Display name, e.g. `Calculator`.
+    pub name: &'static str,
+    /// What the tool does, written for a model.
+    pub description: &'static str,
+    /// Semantic version of the tool's contract.
+    pub version: &'static str,
+    /// Category.
+    pub category: Category,
+    /// Runs untrusted input in a sandbox.
+    pub sandbox_required: bool,
+    /// Side effects.
+    pub side_effect: SideEffect,
+    /// Determinism.
+    pub determinism: Determinism,
+    /// Capabilities a caller must hold (none of the built-ins need any yet).
+    pub required_capabilities: &'static [&'static str],
+    /// Default approval policy.
+    pub approval: ApprovalPolicy,
+    /// Most memory a call may use, when the tool bounds it.
+    pub max_memory_bytes: Option<u64>,
+}
+
+/// A chunk of live output from a running tool (for `StreamTool`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamChunk {
+    /// Program stdout.
+    Stdout(String),
+    /// Program stderr.
+    Stderr(String),
+}
+
+/// Per-call context handed to a tool.
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    /// The caller's call id (or one the gateway made).
+    pub call_id: String,
+    /// The caller's session id (may be empty).
+    pub session_id: String,
+    /// When the call must be finished; tools that start work outside the process
+    /// (sandboxes) must stop it by then.
+    pub deadline: Instant,
+    /// Fired when the caller goes away or the server shuts down.
+    pub cancel: CancellationToken,
+    /// Where to send live output, when the caller streams.
+    pub stream: Option<mpsc::Sender<StreamChunk>>,
+}
+
+impl CallContext {
+    /// A context with a deadline `timeout` from now, no streaming, fresh cancellation.
+    pub fn with_timeout(call_id: impl Into<String>, timeout: std::time::Duration) -> Self {
+        CallContext {
+            call_id: call_id.into(),
+            session_id: String::new(),
+            deadline: Instant::now() + timeout,
+            cancel: CancellationToken::new(),
+            stream: None,
+        }
+    }
+}
+
+/// A tool as the registry and executor see it: JSON in, JSON out.
+///
+/// Most tools implement [`TypedTool`] instead and are wrapped with [`typed`].
+#[async_trait]
+pub trait Tool: Send + Sync + 'static {
+    /// Static metadata.
+    fn metadata(&self) -> &ToolMetadata;
+    /// JSON Schema of the arguments.
+    fn input_schema(&self) -> &Value;
+    /// JSON Schema of the output.
+    fn output_schema(&self) -> &Value;
+    /// Runs the call. `args` has already passed [`Tool::input_schema`].
+    async fn call(&self, args: Value, ctx: &CallContext) -> Result<Value, ToolError>;
+}
+
+/// A tool with typed input and output; schemas come from the Rust types (schemars).
+pub trait TypedTool: Send + Sync + 'static {
+    /// Arguments.
+    type Input: DeserializeOwned + JsonSchema + Send;
+    /// Output.
+    type Output: Serialize + JsonSchema;
+    /// Static metadata.
+    fn metadata(&self) -> ToolMetadata;
+    /// Runs the call.
+    fn run(
+        &self,
+        input: Self::Input,
+        ctx: &CallContext,
+    ) -> impl Future<Output = Result<Self::Output, ToolError>> + Send;
+}
+
+/// JSON Schema (draft 2020-12) of a Rust type, as generated by schemars.
+pub fn schema_of<T: JsonSchema>() -> Value {
+    serde_json::to_value(schemars::schema_for!(T)).expect("schemas always serialise")
+}
+
+/// Wraps a [`TypedTool`] as a [`Tool`].
+pub fn typed<T: TypedTool>(tool: T) -> Arc<dyn Tool> {
+    Arc::new(Typed {
+        metadata: tool.metadata(),
+        input_schema: schema_of::<T::Input>(),
+        output_schema: schema_of::<T::Output>(),
+        tool,
+    })
+}
+
+struct Typed<T> {
+    tool: T,
+    metadata: ToolMetadata,
+    input_schema: Value,
+    output_schema: Value,
+}
+
+#[async_trait]
+impl<T: TypedTool> Tool for Typed<T> {
+    fn metadata(&self) -> &ToolMetadata {
+        &self.metadata
+    }
+
+    fn input_schema(&self) -> &Value {
+        &self.input_schema
+    }
+
+    fn output_schema(&self) -> &Value {
+        &self.output_schema
+    }
+
+    async fn call(&self, args: Value, ctx: &CallContext) -> Result<Value, ToolError> {
+        // The schema already passed, so a failure here means the schema and the type disagree
+        // (e.g. a number range the schema cannot express): still the caller's arguments.
+        let input: T::Input = serde_json::from_value(args)
+            .map_err(|e| ToolError::invalid_arguments(e.to_string()))?;
+        let output = self.tool.run(input, ctx).await?;
+        serde_json::to_value(output).map_err(|e| {
+            ToolError::new(ErrorCode::Internal, format!("output does not serialise: {e}"))
+        })
+    }
+}

@@ -1,0 +1,1 @@
+//! `calculator` (being written).

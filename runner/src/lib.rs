@@ -1,0 +1,198 @@
+//! The runner protocol: what `toolrun-runner` reads and what it writes.
+//!
+//! The same binary runs inside the local sandbox and inside Kubernetes pods, so this
+//! crate is the single definition of the run specification and of the record format.
+//!
+//! ## Input: [`RunSpec`]
+//! `toolrun-runner --spec PATH` reads one JSON [`RunSpec`] from `PATH` (`-` = its stdin).
+//!
+//! ## Output: JSON Lines on the runner's stdout
+//! One [`Event`] per line, tagged by `"event"`:
+//! - `{"event":"stdout","data":"..."}` / `{"event":"stderr","data":"..."}`: output chunks as
+//!   they are produced (UTF-8; a multi-byte character is never split between chunks; invalid
+//!   bytes become U+FFFD). Only the first `output_limit_bytes` of each stream are forwarded.
+//! - exactly one final `{"event":"result", ...}` line: the [`RunRecord`].
+//!
+//! Anything the runner itself fails at (bad spec, interpreter not found) still ends with a
+//! result line whose verdict is `INFRA_ERROR` and whose `message` says why.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Version of the record format; bumped on incompatible changes.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// A language the runner knows how to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    /// `python3 -c CODE ARGS...` (the interpreter path comes from the spec).
+    Python,
+    /// `node -e CODE ARGS...`
+    Javascript,
+    /// `bash -c CODE bash ARGS...`
+    Bash,
+}
+
+impl Language {
+    /// Lowercase name, as on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Language::Python => "python",
+            Language::Javascript => "javascript",
+            Language::Bash => "bash",
+        }
+    }
+}
+
+/// Limits the runner enforces itself (the sandbox around it enforces the rest).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunnerLimits {
+    /// Wall-clock limit for the program, in milliseconds.
+    pub timeout_ms: u64,
+    /// Bytes kept per stream (stdout, stderr); more is cut and flagged.
+    pub output_limit_bytes: u64,
+    /// RLIMIT_CPU seconds for the program (0 = not set by the runner).
+    #[serde(default)]
+    pub cpu_seconds: u64,
+    /// RLIMIT_NPROC for the program (0 = not set by the runner).
+    #[serde(default)]
+    pub max_processes: u64,
+    /// RLIMIT_FSIZE bytes (0 = not set by the runner).
+    #[serde(default)]
+    pub max_file_bytes: u64,
+    /// RLIMIT_NOFILE (0 = not set by the runner).
+    #[serde(default)]
+    pub max_open_files: u64,
+    /// RLIMIT_AS bytes (0 = not set; prefer a cgroup memory limit outside the runner).
+    #[serde(default)]
+    pub address_space_bytes: u64,
+}
+
+/// What to run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    /// Interpreter language.
+    pub language: Language,
+    /// Program source.
+    pub code: String,
+    /// Arguments passed to the program.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The program's whole environment (nothing else is inherited).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Bytes written to the program's stdin, then closed.
+    #[serde(default)]
+    pub stdin: String,
+    /// Absolute path of the interpreter inside the sandbox.
+    pub interpreter: String,
+    /// Working directory inside the sandbox.
+    #[serde(default = "default_workdir")]
+    pub workdir: String,
+    /// Limits the runner enforces.
+    pub limits: RunnerLimits,
+}
+
+fn default_workdir() -> String {
+    "/tmp".to_string()
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Verdict {
+    /// Exited 0 within its limits.
+    Ok,
+    /// Exited non-zero or was killed by a signal it caused.
+    RuntimeError,
+    /// Hit the wall-clock or CPU-time limit.
+    Timeout,
+    /// Hit the memory limit.
+    MemoryLimit,
+    /// Wrote more than the output limit on a stream and was stopped.
+    OutputLimit,
+    /// Cancelled by the caller.
+    Cancelled,
+    /// The sandbox or runner failed; the program's behaviour is unknown.
+    InfraError,
+}
+
+impl Verdict {
+    /// SCREAMING_SNAKE_CASE name, as on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Ok => "OK",
+            Verdict::RuntimeError => "RUNTIME_ERROR",
+            Verdict::Timeout => "TIMEOUT",
+            Verdict::MemoryLimit => "MEMORY_LIMIT",
+            Verdict::OutputLimit => "OUTPUT_LIMIT",
+            Verdict::Cancelled => "CANCELLED",
+            Verdict::InfraError => "INFRA_ERROR",
+        }
+    }
+}
+
+/// The final record of a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// [`PROTOCOL_VERSION`] of the writer.
+    pub version: u32,
+    /// How the run ended.
+    pub verdict: Verdict,
+    /// Exit status; for a signal death, 128 + signal number (shell convention).
+    pub exit_code: i32,
+    /// The terminating signal, if any.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    /// Captured stdout (at most `output_limit_bytes`, lossy UTF-8).
+    pub stdout: String,
+    /// Captured stderr (at most `output_limit_bytes`, lossy UTF-8).
+    pub stderr: String,
+    /// stdout was cut at the limit.
+    pub stdout_truncated: bool,
+    /// stderr was cut at the limit.
+    pub stderr_truncated: bool,
+    /// The wall-clock limit was hit.
+    pub timed_out: bool,
+    /// Wall-clock duration of the program, in milliseconds.
+    pub duration_ms: u64,
+    /// Human-readable reason for a non-OK verdict (empty when OK).
+    #[serde(default)]
+    pub message: String,
+}
+
+/// One line of the runner's output stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "lowercase")]
+pub enum Event {
+    /// A chunk of the program's stdout.
+    Stdout {
+        /// The text.
+        data: String,
+    },
+    /// A chunk of the program's stderr.
+    Stderr {
+        /// The text.
+        data: String,
+    },
+    /// The final record.
+    Result(RunRecord),
+}
+
+impl Event {
+    /// Parses one JSON line.
+    pub fn parse(line: &str) -> Result<Event, serde_json::Error> {
+        serde_json::from_str(line)
+    }
+
+    /// Serialises to one JSON line, with the trailing newline.
+    pub fn to_line(&self) -> String {
+        let mut s = serde_json::to_string(self).expect("events always serialise");
+        s.push('\n');
+        s
+    }
+}

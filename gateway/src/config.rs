@@ -62,9 +62,9 @@ pub struct Config {
 pub struct ToolConfig {
     /// Disabled tools are not listed and calls get TOOL_DISABLED.
     pub enabled: bool,
-    /// Longest a call may take, 100..=60000 ms. For run_code this is the ceiling of
-    /// the `timeout` argument too.
-    pub timeout_ms: u64,
+    /// Longest a call may take, 100..=60000 ms (default: the tool's own, 5000 for most,
+    /// 30000 for run_code). For run_code this is the ceiling of the `timeout` argument too.
+    pub timeout_ms: Option<u64>,
     /// Sandbox limits for this tool, over the global `sandbox.limits`.
     pub limits: Option<LimitsOverride>,
 }
@@ -73,7 +73,7 @@ impl Default for ToolConfig {
     fn default() -> Self {
         ToolConfig {
             enabled: true,
-            timeout_ms: DEFAULT_TIMEOUT_MS,
+            timeout_ms: None,
             limits: None,
         }
     }
@@ -292,13 +292,12 @@ impl Config {
             });
         }
         for (id, tool) in &self.tools {
-            if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&tool.timeout_ms) {
+            if let Some(t) = tool.timeout_ms
+                && !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&t)
+            {
                 return Err(ConfigError::Invalid {
                     key: format!("tools.{id}.timeout_ms"),
-                    message: format!(
-                        "{} is out of range {MIN_TIMEOUT_MS}..={MAX_TIMEOUT_MS}",
-                        tool.timeout_ms
-                    ),
+                    message: format!("{t} is out of range {MIN_TIMEOUT_MS}..={MAX_TIMEOUT_MS}"),
                 });
             }
             if tool.limits.is_some() {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::config::{Config, DEFAULT_TIMEOUT_MS};
+use crate::config::Config;
 use crate::tool::Tool;
 
 /// Registration failures.
@@ -95,7 +95,7 @@ impl Registry {
         let entry = Arc::new(Entry {
             enabled: tool_config.is_none_or(|c| c.enabled),
             timeout: Duration::from_millis(
-                tool_config.map_or(DEFAULT_TIMEOUT_MS, |c| c.timeout_ms),
+                tool_config.and_then(|c| c.timeout_ms).unwrap_or(tool.default_timeout_ms()),
             ),
             validator,
             output_validator,

@@ -142,6 +142,10 @@ pub trait Tool: Send + Sync + 'static {
     fn output_schema(&self) -> &Value;
     /// Runs the call. `args` has already passed [`Tool::input_schema`].
     async fn call(&self, args: Value, ctx: &CallContext) -> Result<Value, ToolError>;
+    /// Timeout when the configuration sets none.
+    fn default_timeout_ms(&self) -> u64 {
+        crate::config::DEFAULT_TIMEOUT_MS
+    }
 }
 
 /// A tool with typed input and output; schemas come from the Rust types (schemars).
@@ -152,6 +156,10 @@ pub trait TypedTool: Send + Sync + 'static {
     type Output: Serialize + JsonSchema;
     /// Static metadata.
     fn metadata(&self) -> ToolMetadata;
+    /// Timeout when the configuration sets none.
+    fn default_timeout_ms(&self) -> u64 {
+        crate::config::DEFAULT_TIMEOUT_MS
+    }
     /// Runs the call.
     fn run(
         &self,
@@ -194,6 +202,10 @@ impl<T: TypedTool> Tool for Typed<T> {
 
     fn output_schema(&self) -> &Value {
         &self.output_schema
+    }
+
+    fn default_timeout_ms(&self) -> u64 {
+        self.tool.default_timeout_ms()
     }
 
     async fn call(&self, args: Value, ctx: &CallContext) -> Result<Value, ToolError> {

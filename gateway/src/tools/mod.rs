@@ -3,6 +3,7 @@
 pub mod calculator;
 pub mod echo;
 pub mod hash;
+pub mod run_code;
 
 use std::sync::Arc;
 
@@ -18,8 +19,30 @@ pub fn inline_registry(config: &Config) -> Result<Registry, RegistryError> {
     Ok(r)
 }
 
-/// Keeps `Arc` in scope for later registrations.
-#[allow(dead_code)]
-fn _arc<T>(t: T) -> Arc<T> {
-    Arc::new(t)
+/// Every built-in: the inline tools, and the sandboxed ones on `pool`.
+pub fn builtin_registry(
+    config: &Config,
+    pool: Arc<run_code::SandboxPool>,
+) -> Result<Registry, RegistryError> {
+    let mut r = inline_registry(config)?;
+    let max = |id: &str| {
+        std::time::Duration::from_millis(
+            config
+                .tool(id)
+                .and_then(|c| c.timeout_ms)
+                .unwrap_or(run_code::RUN_CODE_TIMEOUT_MS),
+        )
+    };
+    let limits = |id: &str| {
+        config
+            .sandbox
+            .limits
+            .merged(config.tool(id).and_then(|c| c.limits.as_ref()))
+    };
+    let run_code = run_code::RunCode::new(pool.clone(), limits("run_code"), max("run_code"));
+    r.register(typed(run_code), &[], config)?;
+    let seed = run_code::RunCode::new(pool, limits("code_executor"), max("code_executor"));
+    r.register(typed(run_code::CodeExecutor(seed)), &[], config)?;
+    r.check_config(config)?;
+    Ok(r)
 }

@@ -16,6 +16,9 @@
 //! Anything the runner itself fails at (bad spec, interpreter not found) still ends with a
 //! result line whose verdict is `INFRA_ERROR` and whose `message` says why.
 
+pub mod capture;
+pub mod run;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};

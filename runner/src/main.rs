@@ -1,4 +1,3 @@
 fn main() {
-    eprintln!("toolrun-runner: not implemented yet");
-    std::process::exit(2);
+    std::process::exit(toolrun_runner::run::main_entry(std::env::args()));
 }

@@ -1,1 +1,795 @@
-//! The local Linux sandbox (not implemented yet).
+//! The local Linux sandbox: one set of fresh namespaces per run, built with
+//! [hakoniwa](https://docs.rs/hakoniwa), around `toolrun-runner` as PID 1.
+//!
+//! Per run:
+//! - new user, mount, PID, network, IPC, UTS and cgroup namespaces;
+//! - uid/gid 65534 inside, mapped to host uid/gid 65534 when the gateway runs as root (so
+//!   the sandbox is never host root: host-root-owned files and global sysctls stay out of
+//!   reach), no capabilities after exec, no_new_privs, every mount nosuid;
+//! - a read-only root holding only `readonly_paths` (bind mounts, read-only), the runner
+//!   binary, a synthetic `/etc` (passwd and group with nobody, hosts, the host's
+//!   `ld.so.cache` and `localtime`: never the whole host `/etc`, which holds shadow, ssh
+//!   keys and service credentials), `/proc` of the new PID namespace, a minimal `/dev`
+//!   (null, zero, full, random, urandom: no tty, no pts), and a size- and inode-capped
+//!   tmpfs on `/tmp`;
+//! - cgroup v1 memory (+memsw) and pids groups under `/sys/fs/cgroup/<ctrl>/toolrun/`;
+//!   CPU time, file size, open files and core dumps are rlimits set by the runner;
+//! - only loopback networking (down): sockets can be created, nothing can be reached.
+//!
+//! The runner is PID 1 of the PID namespace: when it exits the kernel kills every process
+//! of the run; it kills them itself before writing its record. From outside, the gateway
+//! kills the cgroup members (backstop, cancel) and removes the groups after every run.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hakoniwa::{Container, MountOptions, Namespace, Stdio};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe;
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio_util::sync::CancellationToken;
+use toolrun_runner::{Event, PROTOCOL_VERSION, RunRecord, Verdict};
+
+use super::cgroup::{CgroupSupport, MemoryEvents, RunCgroup};
+use super::lines::{Line, read_line};
+use super::{Mechanism, Sandbox, SandboxError, SandboxInfo, SandboxRun};
+use crate::config::SandboxConfig;
+use crate::tool::StreamChunk;
+
+/// Where the runner binary appears inside the sandbox.
+pub const RUNNER_IN_SANDBOX: &str = "/.toolrun/toolrun-runner";
+/// The sandbox's uid and gid, inside and (when the gateway is root) on the host.
+pub const SANDBOX_ID: u32 = 65534;
+/// Time past the program's own timeout after which the gateway kills the sandbox from
+/// outside and reports TIMEOUT (the runner normally reports well before).
+pub const BACKSTOP_SLACK: Duration = Duration::from_secs(2);
+/// Tasks of a run besides the program's: the setup process outside the PID namespace and
+/// the runner with its four threads, plus headroom.
+pub const RUNNER_TASKS: u64 = 8;
+/// Inodes of the private /tmp per MiB of its size (case 9: inode fill ends in ENOSPC).
+const TMP_INODES_PER_MB: u64 = 256;
+/// Runner diagnostics kept for error messages.
+const MAX_RUNNER_STDERR: usize = 64 * 1024;
+/// Device nodes bound into the sandbox's /dev.
+const DEVICES: [&str; 5] = ["null", "zero", "full", "random", "urandom"];
+
+const PASSWD: &str = "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n\
+                      nobody:x:65534:65534:nobody:/tmp:/usr/sbin/nologin\n";
+const GROUP: &str = "root:x:0:\nnogroup:x:65534:\n";
+const HOSTS: &str = "127.0.0.1\tlocalhost\n::1\tlocalhost\n";
+
+/// A host path shown read-only in the sandbox.
+#[derive(Debug, Clone)]
+enum HostPath {
+    /// A directory or file, bind-mounted read-only at the same path.
+    Bind(PathBuf),
+    /// A symlink (e.g. `/bin -> usr/bin` on merged-/usr systems), recreated as is.
+    Symlink { path: PathBuf, target: PathBuf },
+}
+
+/// The local Linux sandbox.
+pub struct LocalSandbox {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    runner: PathBuf,
+    paths: Vec<HostPath>,
+    localtime: Option<HostPath>,
+    cgroups: Option<CgroupSupport>,
+    /// The gateway is root: the spawning thread drops to 65534 so the sandbox maps to it.
+    drop_to_nobody: bool,
+    info: SandboxInfo,
+    /// Serialises "drop this thread's credentials, fork": the credential change resets the
+    /// process-wide dumpable flag, which the forked child needs set to write its uid_map.
+    spawn_lock: Mutex<()>,
+}
+
+impl LocalSandbox {
+    /// Probes what the kernel allows; refuses to start when a required mechanism is
+    /// missing and `config.require_full_isolation` is set, else logs the gap loudly.
+    pub fn new(config: &SandboxConfig) -> Result<LocalSandbox, SandboxError> {
+        let runner = resolve_runner(config)?;
+        let mut paths = Vec::new();
+        for p in &config.readonly_paths {
+            if !p.is_absolute() || p == Path::new("/") {
+                return Err(SandboxError::Setup(format!(
+                    "sandbox.readonly_paths: {p:?} must be an absolute path other than /"
+                )));
+            }
+            if let Some(hp) = host_path(p, p) {
+                paths.push(hp);
+            }
+        }
+        let localtime = host_path(Path::new("/etc/localtime"), Path::new("/etc/localtime"));
+        let drop_to_nobody = rustix::process::geteuid().is_root();
+        let cgroups = CgroupSupport::probe();
+
+        let mut mechanisms = Vec::new();
+        let mut missing = Vec::new();
+        let mut mech = |name: &str, active: bool, detail: String, required: bool| {
+            if !active && required {
+                missing.push(format!("{name}: {detail}"));
+            }
+            mechanisms.push(Mechanism {
+                name: name.to_string(),
+                active,
+                detail,
+            });
+        };
+        mech(
+            "cgroup-v1-memory",
+            cgroups.memory.is_some(),
+            match &cgroups.memory {
+                Some(d) if cgroups.memsw => format!(
+                    "memory.limit_in_bytes and memory.memsw.limit_in_bytes per run under {d:?}"
+                ),
+                Some(d) => {
+                    format!("memory.limit_in_bytes per run under {d:?} (no swap accounting)")
+                }
+                None => cgroups.problems.join("; "),
+            },
+            true,
+        );
+        mech(
+            "cgroup-v1-pids",
+            cgroups.pids.is_some(),
+            match &cgroups.pids {
+                Some(d) => format!("pids.max per run under {d:?}"),
+                None => cgroups.problems.join("; "),
+            },
+            true,
+        );
+        mech(
+            "cgroup-v2",
+            false,
+            "not used: the unified hierarchy has no controllers on this host; cgroup v1 \
+             memory and pids enforce the limits"
+                .into(),
+            false,
+        );
+        let use_cgroups = cgroups.memory.is_some() && cgroups.pids.is_some();
+        let inner = Inner {
+            runner,
+            paths,
+            localtime,
+            cgroups: use_cgroups.then_some(cgroups),
+            drop_to_nobody,
+            info: SandboxInfo {
+                backend: "local".into(),
+                mechanisms: Vec::new(),
+            },
+            spawn_lock: Mutex::new(()),
+        };
+
+        let probe = inner.probe();
+        let ns_ok = probe.is_ok();
+        let ns_detail = |what: &str| match &probe {
+            Ok(()) => what.to_string(),
+            Err(e) => format!("probe run failed: {e}"),
+        };
+        mech(
+            "user-namespace",
+            ns_ok,
+            ns_detail("new per run; uid/gid 65534 inside"),
+            true,
+        );
+        mech(
+            "mount-namespace",
+            ns_ok,
+            ns_detail(
+                "read-only root with only readonly_paths, the runner, a synthetic /etc, /proc, minimal /dev, size-capped /tmp",
+            ),
+            true,
+        );
+        mech(
+            "pid-namespace",
+            ns_ok,
+            ns_detail("runner is PID 1; every process dies with it"),
+            true,
+        );
+        mech(
+            "network-namespace",
+            ns_ok,
+            ns_detail("loopback only, down: nothing reachable"),
+            true,
+        );
+        mech("ipc-namespace", ns_ok, ns_detail("new per run"), true);
+        mech("uts-namespace", ns_ok, ns_detail("hostname toolrun"), true);
+        mech("cgroup-namespace", ns_ok, ns_detail("new per run"), false);
+        mech(
+            "unprivileged-uid",
+            ns_ok,
+            if drop_to_nobody {
+                "uid/gid 65534 inside = host 65534; no capabilities after exec".into()
+            } else {
+                format!(
+                    "uid/gid 65534 inside = the gateway's host uid {}; no capabilities after exec",
+                    rustix::process::geteuid().as_raw()
+                )
+            },
+            true,
+        );
+        mech(
+            "no-new-privs",
+            ns_ok,
+            "set before exec; every mount nosuid".into(),
+            true,
+        );
+        mech(
+            "rlimits",
+            true,
+            "set by toolrun-runner: CPU seconds, processes, file size, open files, no core".into(),
+            true,
+        );
+        mech(
+            "seccomp",
+            false,
+            "not built (needs libseccomp); dangerous syscalls (mount, bpf, perf_event_open, \
+             kexec...) are refused by the missing host capabilities, ptrace of the runner \
+             by its non-dumpable flag"
+                .into(),
+            false,
+        );
+        let mut inner = inner;
+        inner.info.mechanisms = mechanisms;
+
+        for m in inner.info.mechanisms.iter().filter(|m| !m.active) {
+            tracing::warn!(mechanism = %m.name, detail = %m.detail, "sandbox mechanism inactive");
+        }
+        if !missing.is_empty() {
+            if config.require_full_isolation {
+                return Err(SandboxError::Setup(format!(
+                    "required isolation unavailable (set sandbox.require_full_isolation: false \
+                     to run with less): {}",
+                    missing.join("; ")
+                )));
+            }
+            tracing::error!(
+                missing = %missing.join("; "),
+                "RUNNING UNTRUSTED CODE WITH REDUCED ISOLATION (require_full_isolation is false)"
+            );
+        }
+        Ok(LocalSandbox {
+            inner: Arc::new(inner),
+        })
+    }
+}
+
+/// `toolrun-runner`: the configured path, else next to the current executable, else in
+/// its parent directory (tests and benches run from `target/<profile>/deps`).
+fn resolve_runner(config: &SandboxConfig) -> Result<PathBuf, SandboxError> {
+    let candidates: Vec<PathBuf> = match &config.runner_path {
+        Some(p) => vec![p.clone()],
+        None => {
+            let exe = std::env::current_exe()?;
+            let dir = exe.parent().unwrap_or(Path::new("/"));
+            let mut v = vec![dir.join("toolrun-runner")];
+            if let Some(up) = dir.parent() {
+                v.push(up.join("toolrun-runner"));
+            }
+            v
+        }
+    };
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .map(|p| p.canonicalize())
+        .transpose()?
+        .ok_or_else(|| {
+            SandboxError::Setup(format!(
+                "toolrun-runner not found (looked at {candidates:?}); set sandbox.runner_path"
+            ))
+        })
+}
+
+fn host_path(host: &Path, inside: &Path) -> Option<HostPath> {
+    let meta = std::fs::symlink_metadata(host).ok()?;
+    Some(if meta.file_type().is_symlink() {
+        HostPath::Symlink {
+            path: inside.to_path_buf(),
+            target: std::fs::read_link(host).ok()?,
+        }
+    } else {
+        HostPath::Bind(host.to_path_buf())
+    })
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap_or("/nonexistent")
+}
+
+impl Inner {
+    /// The container of one run. Must be built on the spawning thread after its
+    /// credentials are set: hakoniwa maps the thread's current uid.
+    fn container(&self, tmp_size_mb: u64) -> Container {
+        let mut c = Container::new(); // mount, user and PID namespaces, /proc
+        c.unshare(Namespace::Network)
+            .unshare(Namespace::Ipc)
+            .unshare(Namespace::Uts)
+            .unshare(Namespace::Cgroup);
+        c.uidmap(SANDBOX_ID).gidmap(SANDBOX_ID).hostname("toolrun");
+        for hp in self.paths.iter().chain(&self.localtime) {
+            match hp {
+                HostPath::Bind(p) => c.bindmount_ro(s(p), s(p)),
+                HostPath::Symlink { path, target } => c.symlink(s(target), s(path)),
+            };
+        }
+        c.bindmount_ro(s(&self.runner), RUNNER_IN_SANDBOX);
+        if Path::new("/etc/ld.so.cache").is_file() {
+            c.bindmount_ro("/etc/ld.so.cache", "/etc/ld.so.cache");
+        }
+        c.dir("/etc", 0o755)
+            .file("/etc/passwd", PASSWD)
+            .file("/etc/group", GROUP)
+            .file("/etc/hosts", HOSTS)
+            .file("/etc/hostname", "toolrun\n");
+        c.mount(
+            "tmpfs",
+            "/dev",
+            "tmpfs",
+            MountOptions::NOSUID | MountOptions::NOEXEC,
+            Some("size=64k,nr_inodes=64,mode=755".into()),
+        );
+        for d in DEVICES {
+            let p = format!("/dev/{d}");
+            c.bindmount_rw(&p, &p);
+        }
+        c.symlink("/proc/self/fd", "/dev/fd")
+            .symlink("/proc/self/fd/0", "/dev/stdin")
+            .symlink("/proc/self/fd/1", "/dev/stdout")
+            .symlink("/proc/self/fd/2", "/dev/stderr");
+        c.mount(
+            "tmpfs",
+            "/tmp",
+            "tmpfs",
+            MountOptions::NOSUID | MountOptions::NODEV,
+            Some(format!(
+                "size={tmp_size_mb}m,nr_inodes={},mode=1777",
+                tmp_size_mb.max(1) * TMP_INODES_PER_MB
+            )),
+        );
+        c
+    }
+
+    /// Runs on a dedicated thread: enters the run's cgroups, drops to uid 65534 (when
+    /// root), forks the sandbox, then returns to root and to its own cgroups.
+    fn spawn_here(
+        &self,
+        cg: Option<&RunCgroup>,
+        tmp_size_mb: u64,
+    ) -> Result<hakoniwa::Child, SandboxError> {
+        let _guard = self.spawn_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let tid = rustix::thread::gettid().as_raw_nonzero().get();
+        let home =
+            match cg {
+                Some(cg) => Some(cg.enter_thread(tid).map_err(|e| {
+                    SandboxError::Setup(format!("cannot enter the run's cgroup: {e}"))
+                })?),
+                None => None,
+            };
+        let spawned = self.spawn_as_nobody(tmp_size_mb);
+        if self.drop_to_nobody {
+            // Back to root through the saved uid, to leave the cgroups.
+            let root = rustix::process::Uid::ROOT;
+            rustix::thread::set_thread_res_uid(root, root, root)
+                .map_err(|e| SandboxError::Setup(format!("cannot return to uid 0: {e}")))?;
+        }
+        if let Some(home) = home {
+            home.restore()
+                .map_err(|e| SandboxError::Setup(format!("cannot leave the run's cgroup: {e}")))?;
+        }
+        spawned
+    }
+
+    fn spawn_as_nobody(&self, tmp_size_mb: u64) -> Result<hakoniwa::Child, SandboxError> {
+        if self.drop_to_nobody {
+            use rustix::process::{Gid, Uid};
+            use rustix::thread::{set_thread_groups, set_thread_res_gid, set_thread_res_uid};
+            let (gid, uid) = (Gid::from_raw(SANDBOX_ID), Uid::from_raw(SANDBOX_ID));
+            // Per-thread (raw syscalls, not glibc's process-wide setuid): only this thread
+            // changes. The saved uid stays 0 so the thread can come back; the forked setup
+            // process gets real and effective uid 65534, and exec makes its saved uid 65534
+            // too, so the runner and the program hold no trace of root.
+            set_thread_groups(&[])
+                .and_then(|()| set_thread_res_gid(gid, gid, gid))
+                .and_then(|()| set_thread_res_uid(uid, uid, Uid::ROOT))
+                .map_err(|e| {
+                    SandboxError::Setup(format!("cannot drop to uid {SANDBOX_ID}: {e}"))
+                })?;
+            // The uid change made the process non-dumpable, which would make the child's
+            // /proc/self/uid_map root-owned and unwritable for it.
+            rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)
+                .map_err(|e| SandboxError::Setup(format!("prctl(PR_SET_DUMPABLE): {e}")))?;
+        }
+        let container = self.container(tmp_size_mb);
+        let mut cmd = container.command(RUNNER_IN_SANDBOX);
+        cmd.args(["--spec", "-"])
+            .current_dir("/")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd.spawn()
+            .map_err(|e| SandboxError::Setup(format!("cannot start the sandbox: {e}")))
+    }
+
+    /// Starts the sandbox from a fresh thread and returns its pipes once the runner is
+    /// exec'd or setup has failed. The thread's credentials are changed, so it must not be
+    /// a pooled one; it stays alive, waiting for the setup process, until the run ends:
+    /// that process has the thread as parent for PR_SET_PDEATHSIG, so it must not exit
+    /// before.
+    async fn start(
+        self: &Arc<Self>,
+        cg: Option<Arc<RunCgroup>>,
+        tmp_size_mb: u64,
+    ) -> Result<Started, SandboxError> {
+        let inner = Arc::clone(self);
+        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+        let (status_tx, status_rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("sandbox-run".into())
+            .spawn(move || {
+                let mut child = match inner.spawn_here(cg.as_deref(), tmp_size_mb) {
+                    Ok(child) => child,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+                let _ = started_tx.send(Ok((child.id(), pipes)));
+                let _ = status_tx.send(child.wait().map(|s| s.reason));
+            })?;
+        let (pid, pipes) = started_rx
+            .await
+            .map_err(|_| SandboxError::Setup("sandbox thread ended early".into()))??;
+        let (Some(stdin), Some(stdout), Some(stderr)) = pipes else {
+            return Err(SandboxError::Setup("sandbox pipes missing".into()));
+        };
+        Ok(Started {
+            pid,
+            stdin: pipe::Sender::from_owned_fd(stdin.into())?,
+            stdout: pipe::Receiver::from_owned_fd(stdout.into())?,
+            stderr: pipe::Receiver::from_owned_fd(stderr.into())?,
+            status: status_rx,
+        })
+    }
+
+    /// One empty run, to check that every namespace and mount can be set up.
+    fn probe(&self) -> Result<(), String> {
+        let cg = match &self.cgroups {
+            Some(sup) => {
+                Some(RunCgroup::create(sup, &run_name(), 64 << 20, 16).map_err(|e| e.to_string())?)
+            }
+            None => None,
+        };
+        let result = std::thread::scope(|scope| {
+            let handle = scope.spawn(|| {
+                let mut child = self.spawn_here(cg.as_ref(), 1).map_err(|e| e.to_string())?;
+                // No spec on stdin: the runner answers with an INFRA_ERROR record.
+                child.wait_with_output().map_err(|e| e.to_string())
+            });
+            let out = handle
+                .join()
+                .map_err(|_| "probe thread panicked".to_string())??;
+            let text = String::from_utf8_lossy(&out.stdout);
+            match text.lines().last().map(Event::parse) {
+                Some(Ok(Event::Result(_))) => Ok(()),
+                _ => Err(format!(
+                    "no runner record ({}): {}",
+                    out.status.reason,
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )),
+            }
+        });
+        if let Some(cg) = cg {
+            cg.remove();
+        }
+        result
+    }
+}
+
+/// A started sandbox: the setup process's pid, the runner's pipes, and the setup
+/// process's exit reason once it is reaped.
+struct Started {
+    pid: u32,
+    stdin: pipe::Sender,
+    stdout: pipe::Receiver,
+    stderr: pipe::Receiver,
+    status: tokio::sync::oneshot::Receiver<hakoniwa::Result<String>>,
+}
+
+fn run_name() -> String {
+    format!("{}-{}", std::process::id(), uuid::Uuid::new_v4().simple())
+}
+
+/// Kills and removes what is left of a run, also when the `run` future is dropped.
+struct RunGuard {
+    cg: Option<Arc<RunCgroup>>,
+    child_pid: Option<i32>,
+    done: bool,
+}
+
+impl RunGuard {
+    fn kill(&self) {
+        match &self.cg {
+            Some(cg) => cg.kill_all(),
+            None => {
+                // Without cgroups: the setup process; the runner (PID 1) has it as its
+                // parent-death signal, and the kernel kills its namespace with it.
+                if let Some(pid) = self.child_pid.and_then(rustix::process::Pid::from_raw) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+        }
+    }
+
+    fn cleanup_blocking(cg: Option<Arc<RunCgroup>>) {
+        if let Some(cg) = cg {
+            match Arc::try_unwrap(cg) {
+                Ok(cg) => {
+                    cg.remove();
+                }
+                Err(cg) => cg.kill_all(),
+            }
+        }
+    }
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.kill();
+        let cg = self.cg.take();
+        let _ = std::thread::Builder::new()
+            .name("sandbox-cleanup".into())
+            .spawn(move || RunGuard::cleanup_blocking(cg));
+    }
+}
+
+/// How the read loop ended.
+enum Ending {
+    Eof,
+    Cancelled,
+    Backstop,
+    Protocol(String),
+}
+
+#[async_trait]
+impl Sandbox for LocalSandbox {
+    fn info(&self) -> SandboxInfo {
+        self.inner.info.clone()
+    }
+
+    async fn run(
+        &self,
+        run: SandboxRun,
+        mut stream: Option<mpsc::Sender<StreamChunk>>,
+        cancel: CancellationToken,
+    ) -> Result<RunRecord, SandboxError> {
+        let SandboxRun { spec, limits } = run;
+        let started = tokio::time::Instant::now();
+        let cap = usize::try_from(spec.limits.output_limit_bytes).unwrap_or(usize::MAX);
+        // The record line holds both streams; JSON escapes a control byte as six bytes.
+        let max_line = cap.saturating_mul(12).saturating_add(64 * 1024);
+        let backstop = started + Duration::from_millis(spec.limits.timeout_ms) + BACKSTOP_SLACK;
+
+        let cg = match &self.inner.cgroups {
+            Some(sup) => Some(Arc::new(RunCgroup::create(
+                sup,
+                &run_name(),
+                limits.memory_mb << 20,
+                limits.max_processes + RUNNER_TASKS,
+            )?)),
+            None => None,
+        };
+        let mut guard = RunGuard {
+            cg: cg.clone(),
+            child_pid: None,
+            done: false,
+        };
+        let Started {
+            pid,
+            mut stdin,
+            stdout,
+            mut stderr,
+            status,
+        } = self.inner.start(cg.clone(), limits.tmp_size_mb).await?;
+        guard.child_pid = Some(pid as i32);
+        let spec_json =
+            serde_json::to_vec(&spec).map_err(|e| SandboxError::Setup(format!("spec: {e}")))?;
+        let writer = tokio::spawn(async move {
+            let _ = stdin.write_all(&spec_json).await;
+        });
+        let diag = tokio::spawn(async move {
+            let mut kept = Vec::new();
+            let mut buf = vec![0u8; 8192];
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                let room = MAX_RUNNER_STDERR.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+            String::from_utf8_lossy(&kept).into_owned()
+        });
+
+        let mut reader = BufReader::with_capacity(64 * 1024, stdout);
+        let mut line = Vec::new();
+        let mut record: Option<RunRecord> = None;
+        let (mut out_seen, mut err_seen) = (String::new(), String::new());
+        let mut dropped_chunks = 0u64;
+        let ending = loop {
+            let step = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break Ending::Cancelled,
+                _ = tokio::time::sleep_until(backstop) => break Ending::Backstop,
+                step = read_line(&mut reader, &mut line, max_line) => step,
+            };
+            let last = match step {
+                Ok(Line::Complete) => false,
+                Ok(Line::Eof) if line.is_empty() => break Ending::Eof,
+                Ok(Line::Eof) => true,
+                Ok(Line::TooLong) => {
+                    break Ending::Protocol(format!("runner line longer than {max_line} bytes"));
+                }
+                Err(e) => break Ending::Protocol(format!("reading runner output: {e}")),
+            };
+            let event = match serde_json::from_slice::<Event>(&line) {
+                Ok(ev) => ev,
+                Err(e) => break Ending::Protocol(format!("invalid runner event: {e}")),
+            };
+            let chunk = match event {
+                Event::Result(r) => {
+                    record = Some(r);
+                    None
+                }
+                Event::Stdout { data } => {
+                    keep_prefix(&mut out_seen, &data, cap);
+                    Some(StreamChunk::Stdout(data))
+                }
+                Event::Stderr { data } => {
+                    keep_prefix(&mut err_seen, &data, cap);
+                    Some(StreamChunk::Stderr(data))
+                }
+            };
+            // Live output never slows the run: a full channel drops the chunk (the record
+            // still has everything), a closed one stops forwarding.
+            if let (Some(chunk), Some(tx)) = (chunk, &stream) {
+                match tx.try_send(chunk) {
+                    Ok(()) => {}
+                    Err(TrySendError::Full(_)) => dropped_chunks += 1,
+                    Err(TrySendError::Closed(_)) => stream = None,
+                }
+            }
+            if last {
+                break Ending::Eof;
+            }
+        };
+        drop(reader);
+        if dropped_chunks > 0 {
+            tracing::debug!(
+                dropped_chunks,
+                "stream receiver too slow; live chunks dropped"
+            );
+        }
+        if !matches!(ending, Ending::Eof) {
+            guard.kill();
+        }
+        writer.abort();
+
+        // Reap the setup process; it exits right after the runner (PID 1).
+        let status = match tokio::time::timeout(Duration::from_secs(5), status).await {
+            Ok(Ok(Ok(reason))) => Some(reason),
+            _ => {
+                guard.kill();
+                None
+            }
+        };
+        let runner_stderr = match tokio::time::timeout(Duration::from_secs(1), diag).await {
+            Ok(Ok(text)) => text,
+            _ => String::new(),
+        };
+        let cg_final = guard.cg.take();
+        guard.done = true;
+        let memory = tokio::task::spawn_blocking(move || {
+            let events = cg_final
+                .as_ref()
+                .map(|c| c.memory_events())
+                .unwrap_or_default();
+            RunGuard::cleanup_blocking(cg_final);
+            events
+        })
+        .await
+        .unwrap_or_default();
+
+        let elapsed = started.elapsed().as_millis() as u64;
+        let synth = |verdict: Verdict, timed_out: bool, message: String| RunRecord {
+            version: PROTOCOL_VERSION,
+            verdict,
+            exit_code: 137,
+            signal: Some(9),
+            stdout: out_seen.clone(),
+            stderr: err_seen.clone(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            timed_out,
+            duration_ms: elapsed,
+            message,
+        };
+        let oom_message = || {
+            format!(
+                "memory limit of {} MiB exceeded (killed by the OOM killer)",
+                limits.memory_mb
+            )
+        };
+        match ending {
+            Ending::Cancelled => Ok(synth(
+                Verdict::Cancelled,
+                false,
+                "cancelled by the caller".into(),
+            )),
+            Ending::Backstop => Ok(synth(
+                Verdict::Timeout,
+                true,
+                format!(
+                    "the sandbox did not finish within the {} ms timeout plus {} s; killed from outside",
+                    spec.limits.timeout_ms,
+                    BACKSTOP_SLACK.as_secs()
+                ),
+            )),
+            Ending::Protocol(msg) if memory.oom_kills > 0 => {
+                tracing::debug!(%msg, "runner output broken after an OOM kill");
+                Ok(synth(Verdict::MemoryLimit, false, oom_message()))
+            }
+            Ending::Protocol(msg) => Err(SandboxError::Protocol(msg)),
+            Ending::Eof => match record {
+                Some(rec) => Ok(correct_for_memory(rec, memory, &oom_message)),
+                None if memory.oom_kills > 0 => {
+                    Ok(synth(Verdict::MemoryLimit, false, oom_message()))
+                }
+                None => {
+                    let reason = status.unwrap_or_default();
+                    Err(SandboxError::Protocol(format!(
+                        "runner ended without a result record ({reason}): {}",
+                        runner_stderr.trim()
+                    )))
+                }
+            },
+        }
+    }
+}
+
+/// Appends `data` to `seen` up to `cap` bytes (at a character boundary).
+fn keep_prefix(seen: &mut String, data: &str, cap: usize) {
+    let room = cap.saturating_sub(seen.len());
+    if room == 0 {
+        return;
+    }
+    let mut end = data.len().min(room);
+    while !data.is_char_boundary(end) {
+        end -= 1;
+    }
+    seen.push_str(&data[..end]);
+}
+
+/// The runner cannot tell an OOM kill from another SIGKILL, nor a MemoryError from another
+/// exception; the run's memory cgroup can. A failed run whose group hit its limit
+/// (OOM kill, or an allocation refused at the limit) is MEMORY_LIMIT.
+fn correct_for_memory(
+    mut rec: RunRecord,
+    memory: MemoryEvents,
+    message: &dyn Fn() -> String,
+) -> RunRecord {
+    let failed = matches!(rec.verdict, Verdict::RuntimeError | Verdict::InfraError);
+    if failed && (memory.oom_kills > 0 || memory.failcnt > 0) {
+        rec.verdict = Verdict::MemoryLimit;
+        rec.message = message();
+    }
+    rec
+}

@@ -5,7 +5,11 @@
 //! returns the runner's [`RunRecord`]. Backends: [`local`] (Linux namespaces on this machine);
 //! the Kubernetes backend comes with the operator.
 
+mod cgroup;
+mod lines;
 pub mod local;
+
+pub use local::LocalSandbox;
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -79,4 +83,20 @@ pub trait Sandbox: Send + Sync + 'static {
         stream: Option<mpsc::Sender<StreamChunk>>,
         cancel: CancellationToken,
     ) -> Result<RunRecord, SandboxError>;
+}
+
+/// The runner-enforced part of `limits` for a program with this wall-clock timeout.
+///
+/// RLIMIT_NPROC counts the runner's own tasks too (same uid inside the sandbox), hence
+/// the [`local::RUNNER_TASKS`] headroom; the pids cgroup is the real process limit.
+pub fn runner_limits(limits: &Limits, timeout_ms: u64) -> toolrun_runner::RunnerLimits {
+    toolrun_runner::RunnerLimits {
+        timeout_ms,
+        output_limit_bytes: limits.output_limit_bytes,
+        cpu_seconds: limits.cpu_seconds,
+        max_processes: limits.max_processes + local::RUNNER_TASKS,
+        max_file_bytes: limits.max_file_size_mb << 20,
+        max_open_files: limits.max_open_files,
+        address_space_bytes: 0,
+    }
 }

@@ -1,0 +1,115 @@
+//! Shared helpers of the sandbox tests: one LocalSandbox per test binary, specs, runs.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use toolrun::config::{Limits, SandboxConfig};
+use toolrun::sandbox::{LocalSandbox, Sandbox, SandboxRun};
+use toolrun_runner::{Language, RunRecord, RunSpec, Verdict};
+
+pub const PYTHON: &str = "/usr/bin/python3";
+pub const NODE: &str = "/usr/bin/node";
+pub const BASH: &str = "/bin/bash";
+
+/// The sandbox under test. Builds `toolrun-runner` first when `cargo test` has not.
+pub fn sandbox() -> &'static LocalSandbox {
+    static SANDBOX: OnceLock<LocalSandbox> = OnceLock::new();
+    SANDBOX.get_or_init(|| {
+        ensure_runner_built();
+        LocalSandbox::new(&SandboxConfig::default())
+            .expect("local sandbox must start (run as root)")
+    })
+}
+
+fn ensure_runner_built() {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    if profile_dir.join("toolrun-runner").is_file() {
+        return;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "-p", "toolrun-runner"])
+        .status()
+        .expect("cargo build -p toolrun-runner");
+    assert!(status.success());
+}
+
+/// A run with the default limits and the given program.
+pub fn spec(language: Language, code: &str, timeout_ms: u64) -> SandboxRun {
+    let limits = Limits::default();
+    let interpreter = match language {
+        Language::Python => PYTHON,
+        Language::Javascript => NODE,
+        Language::Bash => BASH,
+    };
+    SandboxRun {
+        spec: RunSpec {
+            language,
+            code: code.to_string(),
+            args: Vec::new(),
+            env: BTreeMap::from([("PATH".to_string(), "/usr/bin:/bin".to_string())]),
+            stdin: String::new(),
+            interpreter: interpreter.to_string(),
+            workdir: "/tmp".to_string(),
+            limits: toolrun::sandbox::runner_limits(&limits, timeout_ms),
+        },
+        limits,
+    }
+}
+
+pub async fn run_spec(run: SandboxRun) -> RunRecord {
+    sandbox()
+        .run(run, None, CancellationToken::new())
+        .await
+        .expect("sandbox run")
+}
+
+pub async fn py(code: &str) -> RunRecord {
+    run_spec(spec(Language::Python, code, 3_000)).await
+}
+
+pub async fn bash(code: &str) -> RunRecord {
+    run_spec(spec(Language::Bash, code, 3_000)).await
+}
+
+/// Asserts that the run ended on time with a non-OK verdict.
+pub fn assert_stopped(rec: &RunRecord, elapsed: Duration, budget: Duration) {
+    assert_ne!(rec.verdict, Verdict::Ok, "{rec:?}");
+    assert!(elapsed <= budget, "took {elapsed:?} > {budget:?}: {rec:?}");
+}
+
+/// Resident set size of this test process, in KiB.
+pub fn self_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Host processes whose command line contains `marker`.
+pub fn host_processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .chars()
+            .all(|c| c.is_ascii_digit())
+        {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(marker) {
+                found.push(format!("{}: {cmd}", entry.file_name().to_string_lossy()));
+            }
+        }
+    }
+    found
+}

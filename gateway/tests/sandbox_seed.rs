@@ -1,0 +1,71 @@
+//! The seed's code-executor table, on the local sandbox.
+
+mod sandbox_common;
+
+use sandbox_common::*;
+use toolrun_runner::{Language, Verdict};
+
+#[tokio::test]
+async fn print_hello() {
+    let rec = py("print(\"hello\")").await;
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    assert_eq!(rec.exit_code, 0);
+    assert_eq!(rec.stdout, "hello\n");
+}
+
+#[tokio::test]
+async fn division_by_zero_is_a_runtime_error() {
+    let rec = py("1/0").await;
+    assert_eq!(rec.verdict, Verdict::RuntimeError, "{rec:?}");
+    assert_ne!(rec.exit_code, 0);
+    assert!(rec.stderr.contains("ZeroDivisionError"), "{rec:?}");
+}
+
+#[tokio::test]
+async fn infinite_loop_times_out() {
+    let rec = run_spec(spec(Language::Python, "while True: pass", 1_000)).await;
+    assert_eq!(rec.verdict, Verdict::Timeout, "{rec:?}");
+    assert!(rec.timed_out);
+}
+
+#[tokio::test]
+async fn import_socket_works_but_nothing_is_reachable() {
+    let rec = py("import socket\n\
+         for host in [('1.1.1.1', 53), ('127.0.0.1', 22), ('8.8.8.8', 443)]:\n\
+         \x20   s = socket.socket()\n\
+         \x20   s.settimeout(1)\n\
+         \x20   try:\n\
+         \x20       s.connect(host)\n\
+         \x20       print('CONNECTED', host)\n\
+         \x20   except OSError as e:\n\
+         \x20       print('failed', host, e)\n")
+    .await;
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    assert!(!rec.stdout.contains("CONNECTED"), "{rec:?}");
+    assert_eq!(rec.stdout.matches("failed").count(), 3, "{rec:?}");
+}
+
+#[tokio::test]
+async fn javascript_and_bash_run_with_args() {
+    let mut run = spec(
+        Language::Javascript,
+        "console.log(process.argv.slice(1).join(','))",
+        3_000,
+    );
+    run.spec.args = vec!["--version".into(), "b".into()];
+    let rec = run_spec(run).await;
+    assert_eq!(
+        (rec.verdict, rec.stdout.as_str()),
+        (Verdict::Ok, "--version,b\n"),
+        "{rec:?}"
+    );
+    let mut run = spec(
+        Language::Bash,
+        "echo \"$0 $1 $2\"; read x; echo got $x",
+        3_000,
+    );
+    run.spec.args = vec!["one".into(), "two".into()];
+    run.spec.stdin = "input\n".into();
+    let rec = run_spec(run).await;
+    assert_eq!(rec.stdout, "bash one two\ngot input\n", "{rec:?}");
+}

@@ -8,7 +8,7 @@
 //!   reach), no capabilities after exec, no_new_privs, every mount nosuid;
 //! - a read-only root holding only `readonly_paths` (bind mounts, read-only), the runner
 //!   binary, a synthetic `/etc` (passwd and group with nobody, hosts, the host's
-//!   `ld.so.cache` and `localtime`: never the whole host `/etc`, which holds shadow, ssh
+//!   `ld.so.cache`, `alternatives` and `localtime`: never the whole host `/etc`, which holds shadow, ssh
 //!   keys and service credentials), `/proc` of the new PID namespace, a minimal `/dev`
 //!   (null, zero, full, random, urandom: no tty, no pts), and a size- and inode-capped
 //!   tmpfs on `/tmp`;
@@ -319,8 +319,12 @@ impl Inner {
             };
         }
         c.bindmount_ro(s(&self.runner), RUNNER_IN_SANDBOX);
-        if Path::new("/etc/ld.so.cache").is_file() {
-            c.bindmount_ro("/etc/ld.so.cache", "/etc/ld.so.cache");
+        // The dynamic loader's cache, and Debian's alternatives (symlinks only: /usr/bin/awk
+        // and friends point through them).
+        for f in ["/etc/ld.so.cache", "/etc/alternatives"] {
+            if Path::new(f).exists() {
+                c.bindmount_ro(f, f);
+            }
         }
         c.dir("/etc", 0o755)
             .file("/etc/passwd", PASSWD)

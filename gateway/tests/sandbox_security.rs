@@ -1,0 +1,534 @@
+//! SECURITY-CASES.md on the local sandbox: one test per case (1-14, 19-20, 23-24, 29-31,
+//! 34-36), each asserting what a user would check. Needs root (CI runs as root).
+
+mod sandbox_common;
+
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use sandbox_common::*;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use toolrun::sandbox::Sandbox;
+use toolrun::tool::StreamChunk;
+use toolrun_runner::{Language, Verdict};
+
+fn marker() -> String {
+    format!(
+        "{}",
+        100_000_000 + (uuid::Uuid::new_v4().as_u128() % 800_000_000)
+    )
+}
+
+async fn timed(run: toolrun::sandbox::SandboxRun) -> (toolrun_runner::RunRecord, Duration) {
+    let t = Instant::now();
+    let rec = run_spec(run).await;
+    (rec, t.elapsed())
+}
+
+// 1. Fork bomb: stopped by the process limit; the next run works.
+#[tokio::test]
+async fn case01_fork_bomb_bash_and_python() {
+    // The classic form: the top shell returns at once, the runner kills the rest.
+    let (rec, took) = timed(spec(Language::Bash, ":(){ :|:& };:", 2_000)).await;
+    assert!(took < Duration::from_secs(3), "{took:?} {rec:?}");
+    // Kept running: count the processes (builtins only: fork fails) while it rages.
+    let (rec, took) = timed(spec(
+        Language::Bash,
+        ":(){ :|:& };:; sleep 1; n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo procs $n; sleep 10",
+        2_000,
+    ))
+    .await;
+    assert_stopped(&rec, took, Duration::from_millis(3_000));
+    assert_eq!(rec.verdict, Verdict::Timeout, "{rec:?}");
+    let procs: u64 = rec
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("procs "))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(procs <= 64 + 8, "{procs} processes in the sandbox: {rec:?}");
+    let (rec, took) = timed(spec(
+        Language::Python,
+        "import os\nwhile True:\n    os.fork()",
+        2_000,
+    ))
+    .await;
+    assert_stopped(&rec, took, Duration::from_millis(3_000));
+    let rec = py("print('alive')").await;
+    assert_eq!(
+        (rec.verdict, rec.stdout.as_str()),
+        (Verdict::Ok, "alive\n"),
+        "{rec:?}"
+    );
+}
+
+// 2. Thread bomb: thread creation fails at the process limit.
+#[tokio::test]
+async fn case02_thread_bomb() {
+    let (rec, took) = timed(spec(
+        Language::Python,
+        "import threading, time\nn = 0\ntry:\n    while True:\n        \
+         threading.Thread(target=time.sleep, args=(100,), daemon=True).start()\n        n += 1\n\
+         except RuntimeError as e:\n    print('stopped at', n, flush=True)\n    raise",
+        3_000,
+    ))
+    .await;
+    assert_stopped(&rec, took, Duration::from_millis(4_000));
+    let n: u64 = rec
+        .stdout
+        .trim()
+        .strip_prefix("stopped at ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{rec:?}"));
+    assert!(n < 64 + 8, "{n} threads started");
+}
+
+// 3. Memory bomb: killed, reported as MEMORY_LIMIT.
+#[tokio::test]
+async fn case03_memory_bomb() {
+    let (rec, took) = timed(spec(
+        Language::Python,
+        "x = 'x' * (1 << 30)\nprint(len(x))",
+        5_000,
+    ))
+    .await;
+    assert_eq!(rec.verdict, Verdict::MemoryLimit, "{rec:?}");
+    assert!(took < Duration::from_secs(5), "{took:?}");
+    let rec = py("print('alive')").await;
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+}
+
+// 4. CPU spin: killed by the CPU-time limit within the limit plus one second.
+#[tokio::test]
+async fn case04_cpu_spin_hits_cpu_time_limit() {
+    let mut run = spec(Language::Python, "while True: pass", 10_000);
+    run.spec.limits.cpu_seconds = 1;
+    let (rec, took) = timed(run).await;
+    assert_eq!(rec.verdict, Verdict::Timeout, "{rec:?}");
+    assert!(
+        !rec.timed_out && rec.message.contains("CPU time"),
+        "{rec:?}"
+    );
+    assert!(took < Duration::from_millis(2_500), "{took:?}");
+}
+
+// 5. Sleep forever: wall-clock timeout.
+#[tokio::test]
+async fn case05_sleep_forever() {
+    let (rec, took) = timed(spec(
+        Language::Python,
+        "import time\ntime.sleep(10**6)",
+        1_000,
+    ))
+    .await;
+    assert_eq!(rec.verdict, Verdict::Timeout, "{rec:?}");
+    assert!(rec.timed_out);
+    assert!(took < Duration::from_millis(2_000), "{took:?}");
+}
+
+// 6. SIGTERM ignored: the kill is SIGKILL.
+#[tokio::test]
+async fn case06_sigterm_ignored() {
+    let (rec, took) = timed(spec(
+        Language::Python,
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n\
+         signal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    time.sleep(1)",
+        1_000,
+    ))
+    .await;
+    assert_eq!(rec.verdict, Verdict::Timeout, "{rec:?}");
+    assert!(took < Duration::from_millis(2_000), "{took:?}");
+    let (rec, took) = timed(spec(
+        Language::Bash,
+        "trap '' TERM INT HUP; while :; do sleep 1; done",
+        1_000,
+    ))
+    .await;
+    assert_eq!(rec.verdict, Verdict::Timeout, "{rec:?}");
+    assert!(took < Duration::from_millis(2_000), "{took:?}");
+}
+
+// 7. Orphaned daemon (double fork + setsid): nothing of the run survives the call.
+#[tokio::test]
+async fn case07_orphaned_daemon_does_not_survive() {
+    let m = marker();
+    let code = format!(
+        "import os, time\n\
+         if os.fork() == 0:\n\
+         \x20   os.setsid()\n\
+         \x20   if os.fork() == 0:\n\
+         \x20       os.execv('/bin/sleep', ['sleep', '{m}'])\n\
+         \x20   os._exit(0)\n\
+         time.sleep(0.3)\n\
+         print('parent exits')"
+    );
+    let rec = run_spec(spec(Language::Python, &code, 3_000)).await;
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    let bash_daemon =
+        format!("(setsid sleep {m}1 &) ; nohup sleep {m}2 >/dev/null 2>&1 & disown; echo started");
+    let rec = run_spec(spec(Language::Bash, &bash_daemon, 3_000)).await;
+    assert_eq!(rec.stdout, "started\n", "{rec:?}");
+    let survivors = host_processes_with(&m);
+    assert!(survivors.is_empty(), "survivors on the host: {survivors:?}");
+}
+
+// 8. /tmp filled: ENOSPC inside the sandbox, the host untouched.
+#[tokio::test]
+async fn case08_tmp_fill_hits_enospc() {
+    let m = marker();
+    let code = format!(
+        "import errno\nchunk = b'x' * (1 << 20)\nwritten = 0\ntry:\n\
+         \x20   for i in range(1000):\n\
+         \x20       with open(f'/tmp/fill-{m}-{{i}}', 'wb') as f:\n\
+         \x20           for _ in range(8):\n\
+         \x20               f.write(chunk); f.flush(); written += 1\n\
+         except OSError as e:\n\
+         \x20   print('errno', e.errno, 'after MiB', written)\n"
+    );
+    let rec = run_spec(spec(Language::Python, &code, 5_000)).await;
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    let words: Vec<&str> = rec.stdout.split_whitespace().collect();
+    assert_eq!(words.get(..2), Some(&["errno", "28"][..]), "{rec:?}");
+    let mib: u64 = words[4].parse().unwrap();
+    assert!(
+        (50..=64).contains(&mib),
+        "wrote {mib} MiB into a 64 MiB /tmp"
+    );
+    let on_host = std::fs::read_dir("/tmp")
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().contains(&m))
+        .count();
+    assert_eq!(on_host, 0, "sandbox files reached the host /tmp");
+}
+
+// 9. Inode fill: ENOSPC on the inode cap.
+#[tokio::test]
+async fn case09_inode_fill() {
+    let rec = py(
+        "n = 0\ntry:\n    while True:\n        open(f'/tmp/{n}', 'w').close(); n += 1\n\
+         except OSError as e:\n    print(e.errno, n)",
+    )
+    .await;
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    let (errno, n) = rec.stdout.trim().split_once(' ').unwrap();
+    assert_eq!(errno, "28", "{rec:?}");
+    assert!(n.parse::<u64>().unwrap() <= 64 * 256, "{rec:?}");
+}
+
+// 10. File-descriptor exhaustion: EMFILE at the open-files limit.
+#[tokio::test]
+async fn case10_fd_exhaustion() {
+    let rec = py(
+        "import os\nfds = []\ntry:\n    while True:\n        fds.append(os.open('/dev/null', os.O_RDONLY))\n\
+         except OSError as e:\n    print(e.errno, len(fds))",
+    )
+    .await;
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    let (errno, n) = rec.stdout.trim().split_once(' ').unwrap();
+    assert_eq!(errno, "24", "{rec:?}");
+    assert!(n.parse::<u64>().unwrap() < 256, "{rec:?}");
+}
+
+async fn flood(stream: &str, newline: bool) {
+    let cap = toolrun::config::Limits::default().output_limit_bytes as usize;
+    let line = if newline {
+        "b'x' * 1023 + b'\\n'"
+    } else {
+        "b'x' * 1024"
+    };
+    let code = format!(
+        "import sys\nb = ({line}) * 1024\nfor _ in range(1024):\n    sys.{stream}.buffer.write(b)"
+    );
+    let before = self_rss_kib();
+    let (tx, mut rx) = mpsc::channel(4);
+    // A receiver that never reads: live output must not block the run.
+    let rec = sandbox()
+        .run(
+            spec(Language::Python, &code, 10_000),
+            Some(tx),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    let grown_mib = self_rss_kib().saturating_sub(before) / 1024;
+    assert_eq!(rec.verdict, Verdict::OutputLimit, "{}", rec.message);
+    let (text, cut, other) = if stream == "stdout" {
+        (&rec.stdout, rec.stdout_truncated, &rec.stderr)
+    } else {
+        (&rec.stderr, rec.stderr_truncated, &rec.stdout)
+    };
+    assert!(cut);
+    assert_eq!(text.len(), cap);
+    assert!(other.is_empty(), "{other}");
+    assert!(
+        grown_mib < 64,
+        "test process grew by {grown_mib} MiB during a 1 GiB flood"
+    );
+    assert!(matches!(
+        rx.try_recv(),
+        Ok(StreamChunk::Stdout(_) | StreamChunk::Stderr(_))
+    ));
+}
+
+// 11. stdout flood (1 GiB, with and without newlines): cut at the cap, flagged, memory flat.
+#[tokio::test]
+async fn case11_stdout_flood() {
+    flood("stdout", false).await;
+    flood("stdout", true).await;
+}
+
+// 12. stderr flood.
+#[tokio::test]
+async fn case12_stderr_flood() {
+    flood("stderr", false).await;
+}
+
+// 13. Host secrets: /etc/shadow, the gateway's files, home directories are not there.
+#[tokio::test]
+async fn case13_host_secrets_invisible() {
+    let exe = std::env::current_exe().unwrap();
+    let cwd = std::env::current_dir().unwrap();
+    let code = format!(
+        "import os\n\
+         for p in ['/etc/shadow', '/etc/gshadow', '/root', '/home', '/etc/ssh', '/var', '/run',\n\
+         \x20         '/sys', '/work', {exe:?}, {cwd:?}]:\n\
+         \x20   print(p, os.path.exists(p))\n\
+         print(sorted(os.listdir('/etc')))\n\
+         print(sorted(os.listdir('/')))"
+    );
+    let rec = py(&code).await;
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    let mut lines = rec.stdout.lines();
+    for _ in 0..11 {
+        let l = lines.next().unwrap();
+        assert!(l.ends_with(" False"), "visible in the sandbox: {l}");
+    }
+    assert_eq!(
+        lines.next().unwrap(),
+        "['alternatives', 'group', 'hostname', 'hosts', 'ld.so.cache', 'localtime', 'passwd']"
+    );
+    assert_eq!(
+        lines.next().unwrap(),
+        "['.toolrun', 'bin', 'dev', 'etc', 'lib', 'lib64', 'proc', 'sbin', 'tmp', 'usr']"
+    );
+}
+
+// 14. Environment: the program sees exactly the given env; the runner (PID 1) has none.
+#[tokio::test]
+async fn case14_environment_is_only_the_given_one() {
+    let mut run = spec(
+        Language::Python,
+        "print(open('/proc/self/environ').read().split('\\0'))\n\
+         try:\n    print(repr(open('/proc/1/environ').read()))\n\
+         except PermissionError:\n    print('denied')",
+        3_000,
+    );
+    run.spec.env.insert("GIVEN".into(), "yes".into());
+    let rec = run_spec(run).await;
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    assert_eq!(
+        rec.stdout, "['GIVEN=yes', 'PATH=/usr/bin:/bin', '']\ndenied\n",
+        "{rec:?}"
+    );
+    let rec = bash("printenv | sort | grep -v -e '^PWD=' -e '^SHLVL=' -e '^_='").await;
+    assert_eq!(rec.stdout, "PATH=/usr/bin:/bin\n", "{rec:?}");
+    assert!(std::env::var("CARGO").is_ok() || std::env::var("HOME").is_ok());
+}
+
+// 19. The root filesystem is read-only.
+#[tokio::test]
+async fn case19_root_filesystem_is_read_only() {
+    let rec = bash(
+        "for f in /x /usr/x /usr/bin/python3 /etc/passwd /bin/x /.toolrun/toolrun-runner /proc/x; do\n\
+         \x20 if (echo x >> $f) 2>/dev/null; then echo WROTE $f; else echo denied $f; fi\n\
+         done\nmkdir /newdir 2>/dev/null && echo MKDIR\necho ok > /tmp/ok && cat /tmp/ok",
+    )
+    .await;
+    assert!(
+        !rec.stdout.contains("WROTE") && !rec.stdout.contains("MKDIR"),
+        "{rec:?}"
+    );
+    assert_eq!(rec.stdout.matches("denied").count(), 7, "{rec:?}");
+    assert!(
+        rec.stdout.ends_with("ok\n"),
+        "/tmp must stay writable: {rec:?}"
+    );
+}
+
+// 20. Only fds 0, 1, 2 are open in the sandbox (ls shows its own directory fd as 3).
+#[tokio::test]
+async fn case20_only_standard_fds() {
+    let rec = bash("ls /proc/self/fd | tr '\\n' ' '").await;
+    assert_eq!(rec.stdout, "0 1 2 3 ", "{rec:?}");
+    let rec =
+        py("import os\nprint(sorted(int(x) for x in os.listdir(f'/proc/{os.getpid()}/fd')))").await;
+    assert_eq!(rec.stdout, "[0, 1, 2, 3]\n", "{rec:?}");
+}
+
+// 23. setuid binaries grant nothing: no_new_privs, nosuid mounts, uid stays 65534.
+#[tokio::test]
+async fn case23_setuid_gains_nothing() {
+    let rec = bash(
+        "grep NoNewPrivs /proc/self/status\n\
+         grep -c nosuid /proc/self/mounts >/dev/null && awk '$2==\"/usr\"{print $4}' /proc/self/mounts\n\
+         /usr/bin/mount -t tmpfs none /tmp 2>&1 | head -1; echo mount=$?\n\
+         id -u",
+    )
+    .await;
+    assert!(rec.stdout.contains("NoNewPrivs:\t1"), "{rec:?}");
+    let usr_opts = rec.stdout.lines().nth(1).unwrap_or_default();
+    assert!(
+        usr_opts.contains("ro") && usr_opts.contains("nosuid"),
+        "{rec:?}"
+    );
+    assert!(rec.stdout.trim_end().ends_with("65534"), "{rec:?}");
+    let rec = bash(
+        "/usr/bin/mount -t tmpfs none /tmp && echo MOUNTED; touch /tmp/still-here && echo same-tmp",
+    )
+    .await;
+    assert!(
+        !rec.stdout.contains("MOUNTED") && rec.stdout.contains("same-tmp"),
+        "{rec:?}"
+    );
+}
+
+// 24. Capabilities: empty, for the program and for the runner.
+#[tokio::test]
+async fn case24_no_capabilities() {
+    let rec = bash("grep -E '^Cap(Inh|Prm|Eff|Amb)' /proc/self/status /proc/1/status | awk '{print $2}' | sort -u; id -u; id -g").await;
+    assert_eq!(rec.stdout, "0000000000000000\n65534\n65534\n", "{rec:?}");
+}
+
+// 29. Outbound TCP to the host, the gateway and the internet fails.
+#[tokio::test]
+async fn case29_no_outbound_tcp() {
+    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let code = format!(
+        "import socket\n\
+         for host in ['127.0.0.1', '192.0.2.2', '10.87.0.1', '10.244.0.1', '1.1.1.1', '8.8.8.8']:\n\
+         \x20   s = socket.socket()\n\
+         \x20   s.settimeout(0.5)\n\
+         \x20   try:\n\
+         \x20       s.connect((host, {port}))\n\
+         \x20       print('CONNECTED', host)\n\
+         \x20   except OSError as e:\n\
+         \x20       print('failed', host, e.errno)\n"
+    );
+    let rec = py(&code).await;
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    assert_eq!(rec.stdout.matches("failed").count(), 6, "{rec:?}");
+    assert!(listener.accept().is_err(), "the host listener was reached");
+}
+
+// 30. DNS lookups fail (no resolver, no route).
+#[tokio::test]
+async fn case30_no_dns() {
+    let rec = py(
+        "import socket\n\
+         try:\n    print(socket.getaddrinfo('example.com', 80))\nexcept OSError as e:\n    print('resolve failed')\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         try:\n    s.sendto(b'\\x12\\x34', ('8.8.8.8', 53)); print('SENT')\nexcept OSError as e:\n    print('send failed', e.errno)",
+    )
+    .await;
+    assert_eq!(rec.stdout.lines().next(), Some("resolve failed"), "{rec:?}");
+    assert!(rec.stdout.contains("send failed"), "{rec:?}");
+}
+
+// 31. Cloud metadata address.
+#[tokio::test]
+async fn case31_no_cloud_metadata() {
+    let rec = py(
+        "import socket\ns = socket.socket(); s.settimeout(1)\n\
+         try:\n    s.connect(('169.254.169.254', 80)); print('CONNECTED')\nexcept OSError as e:\n    print('failed', e.errno)",
+    )
+    .await;
+    assert!(rec.stdout.starts_with("failed"), "{rec:?}");
+}
+
+// 34. A listener inside the sandbox cannot be reached from the host.
+#[tokio::test]
+async fn case34_inbound_listener_unreachable() {
+    let probe = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = probe.local_addr().unwrap().port();
+    drop(probe);
+    let code = format!(
+        "import socket, time\ns = socket.socket()\n\
+         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         try:\n    s.bind(('0.0.0.0', {port})); s.listen(); print('listening', flush=True)\n\
+         except OSError as e:\n    print('bind failed', e, flush=True)\n\
+         time.sleep(1.5)"
+    );
+    let (tx, mut rx) = mpsc::channel(16);
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn(async move {
+        sandbox()
+            .run(spec(Language::Python, &code, 5_000), Some(tx), cancel)
+            .await
+    });
+    let first = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&first, StreamChunk::Stdout(s) if s.starts_with("listening")),
+        "{first:?}"
+    );
+    let connect = TcpStream::connect_timeout(
+        &format!("127.0.0.1:{port}").parse().unwrap(),
+        Duration::from_millis(300),
+    );
+    assert!(
+        connect.is_err(),
+        "connected from the host to a sandbox listener"
+    );
+    let rec = run.await.unwrap().unwrap();
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+}
+
+// 35. A file left by run A is invisible to run B.
+#[tokio::test]
+async fn case35_files_do_not_leak_between_runs() {
+    let m = marker();
+    let rec = bash(&format!("echo secret > /tmp/left-{m} && ls /tmp")).await;
+    assert!(rec.stdout.contains(&m), "{rec:?}");
+    let rec = bash(&format!(
+        "ls -A /tmp; test -e /tmp/left-{m} && echo VISIBLE; echo done"
+    ))
+    .await;
+    assert_eq!(rec.stdout, "done\n", "{rec:?}");
+}
+
+// 36. A run cannot observe a concurrent run (processes, files, network).
+#[tokio::test]
+async fn case36_concurrent_runs_are_isolated() {
+    let m = marker();
+    let a = run_spec(spec(
+        Language::Bash,
+        &format!("echo x > /tmp/a-{m}; sleep 1.5 & exec -a marker-{m} sleep 1.5"),
+        4_000,
+    ));
+    let b = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The marker comes through the environment, so B's own command line lacks it.
+        let mut run = spec(
+            Language::Python,
+            "import os\nm = os.environ['M']\npids = [p for p in os.listdir('/proc') if p.isdigit()]\n\
+             seen = 0\nfor p in pids:\n    try:\n        seen += m in open(f'/proc/{p}/cmdline').read()\n\
+             \x20   except OSError:\n        pass\n\
+             print(seen)\nprint(sum(m in f for f in os.listdir('/tmp')))\nprint(len(pids))",
+            3_000,
+        );
+        run.spec.env.insert("M".into(), m.clone());
+        run_spec(run).await
+    };
+    let (ra, rb) = tokio::join!(a, b);
+    assert_eq!(ra.verdict, Verdict::Ok, "{ra:?}");
+    let counts: Vec<&str> = rb.stdout.lines().collect();
+    assert_eq!(&counts[..2], &["0", "0"], "{rb:?}");
+    let procs: u32 = counts[2].parse().unwrap();
+    assert!(procs <= 6, "sees {procs} processes: {rb:?}");
+}

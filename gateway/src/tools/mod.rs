@@ -14,6 +14,7 @@ use crate::tool::typed;
 /// A registry with the inline built-ins (no sandboxed tools).
 pub fn inline_registry(config: &Config) -> Result<Registry, RegistryError> {
     let mut r = Registry::new();
+    r.register(typed(calculator::Calculator), &[], config)?;
     r.register(typed(echo::Echo), &[], config)?;
     r.register(typed(hash::Hash), &[], config)?;
     Ok(r)

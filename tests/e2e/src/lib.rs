@@ -47,7 +47,9 @@ pub async fn cluster(test: &str) -> Option<Client> {
         if !has_config {
             bail!("no cluster configured (set KUBECONFIG, e.g. eval \"$(tests/cluster/env)\")");
         }
-        let client = Client::try_default().await.context("loading the kubeconfig")?;
+        let client = Client::try_default()
+            .await
+            .context("loading the kubeconfig")?;
         let v = tokio::time::timeout(Duration::from_secs(15), client.apiserver_version())
             .await
             .map_err(|_| anyhow!("the API server did not answer within 15s"))?
@@ -82,14 +84,23 @@ impl TestNs {
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let slug: String = test
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
             .take(30)
             .collect();
         let name = format!("e2e-{}-{:x}{n}", slug.trim_matches('-'), nanos % 0xfffff);
         let ns = Namespace {
             metadata: ObjectMeta {
                 name: Some(name.clone()),
-                labels: Some(BTreeMap::from([(E2E_LABEL.to_string(), "true".to_string())])),
+                labels: Some(BTreeMap::from([(
+                    E2E_LABEL.to_string(),
+                    "true".to_string(),
+                )])),
                 ..Default::default()
             },
             ..Default::default()
@@ -101,11 +112,16 @@ impl TestNs {
         // Pods need the namespace's default service account (made by the controller manager).
         let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
             Api::namespaced(client.clone(), &name);
-        wait_until(Duration::from_secs(60), "default service account", || async {
-            Ok(sas.get_opt("default").await?.is_some())
-        })
+        wait_until(
+            Duration::from_secs(60),
+            "default service account",
+            || async { Ok(sas.get_opt("default").await?.is_some()) },
+        )
         .await?;
-        Ok(TestNs { client: client.clone(), name })
+        Ok(TestNs {
+            client: client.clone(),
+            name,
+        })
     }
 
     pub fn pods(&self) -> Api<Pod> {
@@ -137,7 +153,10 @@ impl TestNs {
                         st.pod_ip,
                         serde_json::to_string(&st.container_statuses).unwrap_or_default()
                     );
-                    let lp = LogParams { tail_lines: Some(30), ..Default::default() };
+                    let lp = LogParams {
+                        tail_lines: Some(30),
+                        ..Default::default()
+                    };
                     match self.pods().logs(&name, &lp).await {
                         Ok(l) => eprintln!("--- log of {name} ---\n{l}--- end of log ---"),
                         Err(e) => eprintln!("(no log for {name}: {e})"),
@@ -180,9 +199,16 @@ where
     F: FnOnce(TestNs) -> Fut,
     Fut: Future<Output = Result<()>>,
 {
-    let Some(client) = cluster(test).await else { return };
-    let ns = TestNs::create(&client, test).await.expect("creating the test namespace");
-    let handle = TestNs { client: client.clone(), name: ns.name.clone() };
+    let Some(client) = cluster(test).await else {
+        return;
+    };
+    let ns = TestNs::create(&client, test)
+        .await
+        .expect("creating the test namespace");
+    let handle = TestNs {
+        client: client.clone(),
+        name: ns.name.clone(),
+    };
     let outcome = AssertUnwindSafe(body(ns)).catch_unwind().await;
     let failed = !matches!(outcome, Ok(Ok(())));
     if failed {
@@ -230,7 +256,9 @@ pub async fn wait_pod(
 ) -> Result<Pod> {
     let found = tokio::time::timeout(
         limit,
-        await_condition(pods.clone(), name, move |p: Option<&Pod>| p.is_some_and(&cond)),
+        await_condition(pods.clone(), name, move |p: Option<&Pod>| {
+            p.is_some_and(&cond)
+        }),
     )
     .await
     .map_err(|_| anyhow!("timed out after {limit:?} waiting for pod {name} to be {what}"))?
@@ -239,7 +267,10 @@ pub async fn wait_pod(
 }
 
 pub fn phase(p: &Pod) -> &str {
-    p.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("")
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
 }
 
 pub fn is_finished(p: &Pod) -> bool {
@@ -256,12 +287,18 @@ pub fn is_ready(p: &Pod) -> bool {
 /// A locked-down pod running the sandbox image as uid 65534 with a read-only root and a
 /// memory-backed /tmp: the way toolrun runs untrusted code.
 pub fn sandbox_pod(name: &str, labels: &[(&str, &str)], command: Vec<String>) -> Pod {
-    let mut l: BTreeMap<String, String> =
-        labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    let mut l: BTreeMap<String, String> = labels
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
     l.insert(E2E_LABEL.to_string(), "true".to_string());
     let qty = |s: &str| Quantity(s.to_string());
     Pod {
-        metadata: ObjectMeta { name: Some(name.to_string()), labels: Some(l), ..Default::default() },
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(l),
+            ..Default::default()
+        },
         spec: Some(PodSpec {
             restart_policy: Some("Never".into()),
             automount_service_account_token: Some(false),
@@ -329,5 +366,7 @@ pub fn python(script: &str) -> Vec<String> {
 }
 
 pub async fn logs(pods: &Api<Pod>, name: &str) -> Result<String> {
-    pods.logs(name, &LogParams::default()).await.with_context(|| format!("reading the log of pod {name}"))
+    pods.logs(name, &LogParams::default())
+        .await
+        .with_context(|| format!("reading the log of pod {name}"))
 }

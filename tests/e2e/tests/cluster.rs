@@ -76,7 +76,10 @@ async fn deleting_an_owner_deletes_its_pods() {
             .create(
                 &PostParams::default(),
                 &ConfigMap {
-                    metadata: ObjectMeta { name: Some("owner".into()), ..Default::default() },
+                    metadata: ObjectMeta {
+                        name: Some("owner".into()),
+                        ..Default::default()
+                    },
                     data: Some(BTreeMap::from([("k".into(), "v".into())])),
                     ..Default::default()
                 },
@@ -95,15 +98,23 @@ async fn deleting_an_owner_deletes_its_pods() {
             pods.create(&PostParams::default(), &pod).await?;
         }
         // A pod without an owner must survive: the collector deletes only what is owned.
-        pods.create(&PostParams::default(), &sandbox_pod("unowned", &[], python("import time; time.sleep(600)")))
-            .await?;
+        pods.create(
+            &PostParams::default(),
+            &sandbox_pod("unowned", &[], python("import time; time.sleep(600)")),
+        )
+        .await?;
         for name in ["owned-a", "owned-b"] {
             wait_pod(&pods, name, START, "running", |p| phase(p) == "Running").await?;
         }
         cms.delete("owner", &DeleteParams::background()).await?;
-        wait_until(Duration::from_secs(90), "the owned pods to be deleted", || async {
-            Ok(pods.get_opt("owned-a").await?.is_none() && pods.get_opt("owned-b").await?.is_none())
-        })
+        wait_until(
+            Duration::from_secs(90),
+            "the owned pods to be deleted",
+            || async {
+                Ok(pods.get_opt("owned-a").await?.is_none()
+                    && pods.get_opt("owned-b").await?.is_none())
+            },
+        )
         .await?;
         let unowned = pods.get_opt("unowned").await?;
         ensure!(
@@ -145,10 +156,15 @@ sys.exit(1)
 
 async fn probe(ns: &TestNs, name: &str, host: &str, port: u16) -> Result<String> {
     let pods = ns.pods();
-    pods.create(&PostParams::default(), &probe_pod(name, host, port)).await?;
+    pods.create(&PostParams::default(), &probe_pod(name, host, port))
+        .await?;
     let pod = wait_pod(&pods, name, START, "finished", is_finished).await?;
     let log = logs(&pods, name).await?;
-    ensure!(phase(&pod) == "Succeeded", "probe {name} ended {} with log {log:?}", phase(&pod));
+    ensure!(
+        phase(&pod) == "Succeeded",
+        "probe {name} ended {} with log {log:?}",
+        phase(&pod)
+    );
     match log.lines().rev().find_map(|l| l.strip_prefix("RESULT ")) {
         Some(r) => Ok(r.trim().to_string()),
         None => bail!("probe {name} printed no RESULT: {log:?}"),
@@ -162,7 +178,14 @@ async fn deny_all_network_policy_blocks_pod_to_pod_traffic() {
         let mut server = sandbox_pod(
             "server",
             &[("role", "server")],
-            vec!["python3".into(), "-m".into(), "http.server".into(), "8080".into(), "--directory".into(), "/tmp".into()],
+            vec![
+                "python3".into(),
+                "-m".into(),
+                "http.server".into(),
+                "8080".into(),
+                "--directory".into(),
+                "/tmp".into(),
+            ],
         );
         let c = &mut server.spec.as_mut().unwrap().containers[0];
         c.readiness_probe = Some(k8s_openapi::api::core::v1::Probe {
@@ -175,15 +198,24 @@ async fn deny_all_network_policy_blocks_pod_to_pod_traffic() {
         });
         pods.create(&PostParams::default(), &server).await?;
         let server = wait_pod(&pods, "server", START, "ready", is_ready).await?;
-        let ip = server.status.and_then(|s| s.pod_ip).context("server has no pod IP")?;
+        let ip = server
+            .status
+            .and_then(|s| s.pod_ip)
+            .context("server has no pod IP")?;
 
         // Without a policy the pods reach each other: this is what makes the next check able to fail.
         let before = probe(&ns, "client-before", &ip, 8080).await?;
-        ensure!(before == "open", "without a NetworkPolicy the server should be reachable, got {before}");
+        ensure!(
+            before == "open",
+            "without a NetworkPolicy the server should be reachable, got {before}"
+        );
 
         let policies: Api<NetworkPolicy> = ns.api();
         let deny_all = NetworkPolicy {
-            metadata: ObjectMeta { name: Some("deny-all".into()), ..Default::default() },
+            metadata: ObjectMeta {
+                name: Some("deny-all".into()),
+                ..Default::default()
+            },
             spec: Some(NetworkPolicySpec {
                 pod_selector: Some(LabelSelector {
                     match_labels: Some(BTreeMap::from([("role".into(), "server".into())])),
@@ -195,12 +227,20 @@ async fn deny_all_network_policy_blocks_pod_to_pod_traffic() {
         };
         policies.create(&PostParams::default(), &deny_all).await?;
         let during = probe(&ns, "client-denied", &ip, 8080).await?;
-        ensure!(during == "blocked", "with a deny-all NetworkPolicy on the server the connection should fail, got {during}");
+        ensure!(
+            during == "blocked",
+            "with a deny-all NetworkPolicy on the server the connection should fail, got {during}"
+        );
 
         // And the failure was the policy's doing: without it the server is reachable again.
-        policies.delete("deny-all", &DeleteParams::default()).await?;
+        policies
+            .delete("deny-all", &DeleteParams::default())
+            .await?;
         let after = probe(&ns, "client-after", &ip, 8080).await?;
-        ensure!(after == "open", "after deleting the policy the server should be reachable again, got {after}");
+        ensure!(
+            after == "open",
+            "after deleting the policy the server should be reachable again, got {after}"
+        );
         Ok(())
     })
     .await;
@@ -209,8 +249,13 @@ async fn deny_all_network_policy_blocks_pod_to_pod_traffic() {
 #[tokio::test]
 async fn pod_reaches_api_server_through_kubernetes_service() {
     run_in_namespace("kubernetes-service", |ns| async move {
-        let svc = Api::<Service>::namespaced(ns.client.clone(), "default").get("kubernetes").await?;
-        let cluster_ip = svc.spec.and_then(|s| s.cluster_ip).context("kubernetes service has no cluster IP")?;
+        let svc = Api::<Service>::namespaced(ns.client.clone(), "default")
+            .get("kubernetes")
+            .await?;
+        let cluster_ip = svc
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .context("kubernetes service has no cluster IP")?;
         let script = r#"
 import json, os, ssl, urllib.request
 sa = "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -228,7 +273,11 @@ print("VERSION", v["gitVersion"])
         pods.create(&PostParams::default(), &pod).await?;
         let done = wait_pod(&pods, "api-client", START, "finished", is_finished).await?;
         let log = logs(&pods, "api-client").await?;
-        ensure!(phase(&done) == "Succeeded", "API client pod ended {}: {log:?}", phase(&done));
+        ensure!(
+            phase(&done) == "Succeeded",
+            "API client pod ended {}: {log:?}",
+            phase(&done)
+        );
         ensure!(
             log.contains(&format!("SERVICE {cluster_ip} 443")),
             "the pod did not use the kubernetes Service ({cluster_ip}:443): {log:?}"

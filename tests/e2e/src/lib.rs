@@ -64,7 +64,12 @@ pub async fn cluster(test: &str) -> Option<Client> {
             panic!("[{test}] TOOLRUN_REQUIRE_CLUSTER=1 but no usable cluster: {e:#}")
         }
         Err(e) => {
-            eprintln!("SKIPPED {test}: {e:#} (set TOOLRUN_REQUIRE_CLUSTER=1 to fail instead)");
+            // Written to the real stderr, past the test harness's capture, so a skip is seen.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED {test}: {e:#} (set TOOLRUN_REQUIRE_CLUSTER=1 to fail instead)"
+            );
             None
         }
     }

@@ -139,6 +139,26 @@ impl RunCgroup {
         Ok(cg)
     }
 
+    /// Sets the limits of a group made for other limits (a prepared sandbox).
+    pub fn set_limits(&self, memory_bytes: u64, max_pids: u64) -> io::Result<()> {
+        if let Some(dir) = &self.memory {
+            let memsw = dir.join("memory.memsw.limit_in_bytes");
+            let has_memsw = memsw.exists();
+            // memsw must stay >= the memory limit: raise it first, lower it last.
+            if has_memsw {
+                let _ = fs::write(&memsw, memory_bytes.to_string());
+            }
+            fs::write(dir.join("memory.limit_in_bytes"), memory_bytes.to_string())?;
+            if has_memsw {
+                fs::write(&memsw, memory_bytes.to_string())?;
+            }
+        }
+        if let Some(dir) = &self.pids {
+            fs::write(dir.join("pids.max"), max_pids.to_string())?;
+        }
+        Ok(())
+    }
+
     /// Moves the calling thread (`tid`) into the groups, so that the processes it forks
     /// start inside them. The thread must go back with [`ThreadHome::restore`] right after
     /// the fork: a gateway thread left in the memory group would make the whole gateway an

@@ -20,6 +20,7 @@
 //! of the run; it kills them itself before writing its record. From outside, the gateway
 //! kills the cgroup members (backstop, cancel) and removes the groups after every run.
 
+use std::io::{PipeReader, PipeWriter};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,15 +29,15 @@ use async_trait::async_trait;
 use hakoniwa::{Container, MountOptions, Namespace, Stdio};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::pipe;
-use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use toolrun_runner::{Event, PROTOCOL_VERSION, RunRecord, Verdict};
 
 use super::cgroup::{CgroupSupport, MemoryEvents, RunCgroup};
 use super::lines::{Line, read_line};
 use super::{Mechanism, Sandbox, SandboxError, SandboxInfo, SandboxRun};
-use crate::config::SandboxConfig;
+use crate::config::{Limits, SandboxConfig};
 use crate::tool::StreamChunk;
 
 /// Where the runner binary appears inside the sandbox.
@@ -86,6 +87,10 @@ struct Inner {
     /// Serialises "drop this thread's credentials, fork": the credential change resets the
     /// process-wide dumpable flag, which the forked child needs set to write its uid_map.
     spawn_lock: Mutex<()>,
+    /// Limits a prepared sandbox is made for (the configured defaults).
+    default_limits: Limits,
+    /// The next run's sandbox, started ahead ([`Inner::prepare_next`]).
+    prepared: Mutex<Option<oneshot::Receiver<Prepared>>>,
 }
 
 impl LocalSandbox {
@@ -163,6 +168,8 @@ impl LocalSandbox {
                 mechanisms: Vec::new(),
             },
             spawn_lock: Mutex::new(()),
+            default_limits: config.limits.clone(),
+            prepared: Mutex::new(None),
         };
 
         let probe = inner.probe();
@@ -253,9 +260,9 @@ impl LocalSandbox {
                 "RUNNING UNTRUSTED CODE WITH REDUCED ISOLATION (require_full_isolation is false)"
             );
         }
-        Ok(LocalSandbox {
-            inner: Arc::new(inner),
-        })
+        let inner = Arc::new(inner);
+        inner.prepare_next();
+        Ok(LocalSandbox { inner })
     }
 }
 
@@ -420,19 +427,19 @@ impl Inner {
             .map_err(|e| SandboxError::Setup(format!("cannot start the sandbox: {e}")))
     }
 
-    /// Starts the sandbox from a fresh thread and returns its pipes once the runner is
-    /// exec'd or setup has failed. The thread's credentials are changed, so it must not be
-    /// a pooled one; it stays alive, waiting for the setup process, until the run ends:
+    /// Starts a sandbox from a fresh thread; the receiver yields its pipes once the runner
+    /// is exec'd or setup has failed. The thread's credentials are changed, so it must not
+    /// be a pooled one; it stays alive, waiting for the setup process, until the run ends:
     /// that process has the thread as parent for PR_SET_PDEATHSIG, so it must not exit
     /// before.
-    async fn start(
+    fn launch(
         self: &Arc<Self>,
         cg: Option<Arc<RunCgroup>>,
         tmp_size_mb: u64,
-    ) -> Result<Started, SandboxError> {
+    ) -> Result<oneshot::Receiver<Result<Spawned, SandboxError>>, SandboxError> {
         let inner = Arc::clone(self);
-        let (started_tx, started_rx) = tokio::sync::oneshot::channel();
-        let (status_tx, status_rx) = tokio::sync::oneshot::channel();
+        let (started_tx, started_rx) = oneshot::channel();
+        let (status_tx, status_rx) = oneshot::channel();
         std::thread::Builder::new()
             .name("sandbox-run".into())
             .spawn(move || {
@@ -443,22 +450,95 @@ impl Inner {
                         return;
                     }
                 };
-                let pipes = (child.stdin.take(), child.stdout.take(), child.stderr.take());
-                let _ = started_tx.send(Ok((child.id(), pipes)));
+                let spawned = match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
+                    (Some(stdin), Some(stdout), Some(stderr)) => Ok(Spawned {
+                        pid: child.id(),
+                        cg,
+                        tmp_size_mb,
+                        stdin,
+                        stdout,
+                        stderr,
+                        status: status_rx,
+                    }),
+                    _ => Err(SandboxError::Setup("sandbox pipes missing".into())),
+                };
+                let _ = started_tx.send(spawned);
                 let _ = status_tx.send(child.wait().map(|s| s.reason));
             })?;
-        let (pid, pipes) = started_rx
+        Ok(started_rx)
+    }
+
+    /// Prepares the next run in the background: a started sandbox, in its own cgroups,
+    /// whose runner waits for a spec. Starting takes a fork, the namespace setup and (the
+    /// slowest part, a cgroup migration waits for an RCU grace period) moving a thread
+    /// between cgroups; done ahead, it overlaps the previous run instead of delaying the
+    /// next call. Each prepared sandbox serves exactly one run.
+    fn prepare_next(self: &Arc<Self>) {
+        let (tx, rx) = oneshot::channel::<Prepared>();
+        {
+            let mut slot = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+            if slot.is_some() {
+                return;
+            }
+            *slot = Some(rx);
+        }
+        let inner = Arc::clone(self);
+        let _ = std::thread::Builder::new()
+            .name("sandbox-prepare".into())
+            .spawn(move || {
+                let prepared = inner.new_cgroup(&inner.default_limits).and_then(|cg| {
+                    let rx = inner.launch(cg, inner.default_limits.tmp_size_mb)?;
+                    rx.blocking_recv()
+                        .map_err(|_| SandboxError::Setup("sandbox thread ended early".into()))?
+                });
+                match prepared {
+                    // Nobody waiting any more: the Prepared comes back and is cleaned up.
+                    Ok(spawned) => drop(tx.send(Prepared(Some(spawned)))),
+                    Err(e) => tracing::warn!(error = %e, "cannot prepare a sandbox ahead"),
+                }
+            });
+    }
+
+    /// The prepared (or being prepared) sandbox when it fits `limits` and is alive, with
+    /// the run's memory and process limits applied; the next one starts preparing.
+    async fn take_prepared(self: &Arc<Self>, limits: &Limits) -> Option<Spawned> {
+        let rx = self
+            .prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        self.prepare_next();
+        let mut prepared = tokio::time::timeout(Duration::from_secs(2), rx?)
             .await
-            .map_err(|_| SandboxError::Setup("sandbox thread ended early".into()))??;
-        let (Some(stdin), Some(stdout), Some(stderr)) = pipes else {
-            return Err(SandboxError::Setup("sandbox pipes missing".into()));
-        };
-        Ok(Started {
-            pid,
-            stdin: pipe::Sender::from_owned_fd(stdin.into())?,
-            stdout: pipe::Receiver::from_owned_fd(stdout.into())?,
-            stderr: pipe::Receiver::from_owned_fd(stderr.into())?,
-            status: status_rx,
+            .ok()?
+            .ok()?;
+        let spawned = prepared.0.as_mut()?;
+        let alive = matches!(
+            spawned.status.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty)
+        );
+        if !alive || spawned.tmp_size_mb != limits.tmp_size_mb {
+            return None; // dropped: killed and removed
+        }
+        if let Some(cg) = &spawned.cg
+            && let Err(e) =
+                cg.set_limits(limits.memory_mb << 20, limits.max_processes + RUNNER_TASKS)
+        {
+            tracing::warn!(error = %e, "cannot set the limits of a prepared sandbox");
+            return None;
+        }
+        prepared.0.take()
+    }
+
+    fn new_cgroup(&self, limits: &Limits) -> Result<Option<Arc<RunCgroup>>, SandboxError> {
+        Ok(match &self.cgroups {
+            Some(sup) => Some(Arc::new(RunCgroup::create(
+                sup,
+                &run_name(),
+                limits.memory_mb << 20,
+                limits.max_processes + RUNNER_TASKS,
+            )?)),
+            None => None,
         })
     }
 
@@ -496,14 +576,33 @@ impl Inner {
     }
 }
 
-/// A started sandbox: the setup process's pid, the runner's pipes, and the setup
-/// process's exit reason once it is reaped.
-struct Started {
+/// A started sandbox whose runner waits for its spec: the setup process's pid, the run's
+/// cgroups, the runner's pipes (plain fds: no tokio runtime is tied to them until a run
+/// takes them), and the setup process's exit reason once it is reaped.
+struct Spawned {
     pid: u32,
-    stdin: pipe::Sender,
-    stdout: pipe::Receiver,
-    stderr: pipe::Receiver,
-    status: tokio::sync::oneshot::Receiver<hakoniwa::Result<String>>,
+    cg: Option<Arc<RunCgroup>>,
+    tmp_size_mb: u64,
+    stdin: PipeWriter,
+    stdout: PipeReader,
+    stderr: PipeReader,
+    status: oneshot::Receiver<hakoniwa::Result<String>>,
+}
+
+/// A prepared sandbox in its slot.
+struct Prepared(Option<Spawned>);
+
+impl Drop for Prepared {
+    /// Never used (replaced, unfit, or the sandbox is dropped): closing its stdin makes the
+    /// runner exit with an INFRA_ERROR record and the namespace die with it; the cgroups
+    /// are killed and removed.
+    fn drop(&mut self) {
+        if let Some(cg) = self.0.take().and_then(|mut s| s.cg.take()) {
+            let _ = std::thread::Builder::new()
+                .name("sandbox-cleanup".into())
+                .spawn(move || RunGuard::cleanup_blocking(Some(cg)));
+        }
+    }
 }
 
 fn run_name() -> String {
@@ -583,28 +682,39 @@ impl Sandbox for LocalSandbox {
         let max_line = cap.saturating_mul(12).saturating_add(64 * 1024);
         let backstop = started + Duration::from_millis(spec.limits.timeout_ms) + BACKSTOP_SLACK;
 
-        let cg = match &self.inner.cgroups {
-            Some(sup) => Some(Arc::new(RunCgroup::create(
-                sup,
-                &run_name(),
-                limits.memory_mb << 20,
-                limits.max_processes + RUNNER_TASKS,
-            )?)),
-            None => None,
+        let prepared = self.inner.take_prepared(&limits).await;
+        let mut spawned = match prepared {
+            Some(spawned) => spawned,
+            None => {
+                let cg = self.inner.new_cgroup(&limits)?;
+                let mut guard = RunGuard {
+                    cg,
+                    child_pid: None,
+                    done: false,
+                };
+                let rx = self.inner.launch(guard.cg.clone(), limits.tmp_size_mb)?;
+                let spawned = rx
+                    .await
+                    .map_err(|_| SandboxError::Setup("sandbox thread ended early".into()))??;
+                guard.done = true;
+                spawned
+            }
         };
         let mut guard = RunGuard {
-            cg: cg.clone(),
-            child_pid: None,
+            cg: spawned.cg.take(),
+            child_pid: Some(spawned.pid as i32),
             done: false,
         };
-        let Started {
-            pid,
-            mut stdin,
+        let Spawned {
+            stdin,
             stdout,
-            mut stderr,
+            stderr,
             status,
-        } = self.inner.start(cg.clone(), limits.tmp_size_mb).await?;
-        guard.child_pid = Some(pid as i32);
+            ..
+        } = spawned;
+        let mut stdin = pipe::Sender::from_owned_fd(stdin.into())?;
+        let stdout = pipe::Receiver::from_owned_fd(stdout.into())?;
+        let mut stderr = pipe::Receiver::from_owned_fd(stderr.into())?;
         let spec_json =
             serde_json::to_vec(&spec).map_err(|e| SandboxError::Setup(format!("spec: {e}")))?;
         let writer = tokio::spawn(async move {

@@ -1,0 +1,200 @@
+//! The sandbox's own duties around the program: live streaming, cancellation, dropped
+//! calls, the outer backstop, a broken runner, and what it reports about itself.
+
+mod sandbox_common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::{Duration, Instant};
+
+use sandbox_common::*;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use toolrun::config::SandboxConfig;
+use toolrun::sandbox::{LocalSandbox, Sandbox, SandboxError};
+use toolrun::tool::StreamChunk;
+use toolrun_runner::{Language, Verdict};
+
+fn marker() -> String {
+    format!(
+        "{}",
+        100_000_000 + (uuid::Uuid::new_v4().as_u128() % 800_000_000)
+    )
+}
+
+#[tokio::test]
+async fn output_streams_while_the_program_runs() {
+    let (tx, mut rx) = mpsc::channel(16);
+    let started = Instant::now();
+    let run = tokio::spawn(async move {
+        sandbox()
+            .run(
+                spec(
+                    Language::Bash,
+                    "echo first; sleep 1; echo second >&2",
+                    5_000,
+                ),
+                Some(tx),
+                CancellationToken::new(),
+            )
+            .await
+    });
+    let first = rx.recv().await.unwrap();
+    assert_eq!(first, StreamChunk::Stdout("first\n".into()));
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        rx.recv().await.unwrap(),
+        StreamChunk::Stderr("second\n".into())
+    );
+    let rec = run.await.unwrap().unwrap();
+    assert_eq!(
+        (rec.stdout.as_str(), rec.stderr.as_str()),
+        ("first\n", "second\n")
+    );
+}
+
+#[tokio::test]
+async fn cancel_kills_the_run() {
+    let m = marker();
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn({
+        let cancel = cancel.clone();
+        let code = format!("echo up; exec sleep {m}");
+        async move {
+            sandbox()
+                .run(spec(Language::Bash, &code, 20_000), None, cancel)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !host_processes_with(&m).is_empty(),
+        "the program should be running"
+    );
+    let t = Instant::now();
+    cancel.cancel();
+    let rec = run.await.unwrap().unwrap();
+    assert_eq!(rec.verdict, Verdict::Cancelled, "{rec:?}");
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+    assert!(host_processes_with(&m).is_empty());
+}
+
+#[tokio::test]
+async fn a_dropped_call_leaves_nothing_behind() {
+    let m = marker();
+    let code = format!("exec sleep {m}");
+    let call = sandbox().run(
+        spec(Language::Bash, &code, 20_000),
+        None,
+        CancellationToken::new(),
+    );
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), call)
+            .await
+            .is_err()
+    );
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !host_processes_with(&m).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        host_processes_with(&m).is_empty(),
+        "{:?}",
+        host_processes_with(&m)
+    );
+}
+
+#[test]
+fn info_reports_the_mechanisms() {
+    let info = sandbox().info();
+    assert_eq!(info.backend, "local");
+    let active = |name: &str| {
+        info.mechanisms
+            .iter()
+            .find(|m| m.name == name)
+            .unwrap_or_else(|| panic!("{name} missing: {info:?}"))
+            .active
+    };
+    for name in [
+        "user-namespace",
+        "mount-namespace",
+        "pid-namespace",
+        "network-namespace",
+        "ipc-namespace",
+        "uts-namespace",
+        "cgroup-v1-memory",
+        "cgroup-v1-pids",
+        "unprivileged-uid",
+        "no-new-privs",
+        "rlimits",
+    ] {
+        assert!(active(name), "{name} inactive: {info:?}");
+    }
+    assert!(!active("cgroup-v2"));
+    assert!(!active("seccomp"));
+}
+
+/// A sandbox whose "runner" is a script misbehaving on request (the spec's code says how).
+fn broken_runner_sandbox() -> (LocalSandbox, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = dir.path().join("fake-runner");
+    std::fs::write(
+        &script,
+        r#"#!/bin/bash
+spec=$(cat)
+case "$spec" in
+  *FAKE_HANG*) exec sleep 1000 ;;
+  *FAKE_GARBAGE*) echo 'not json' ;;
+  *FAKE_HUGE*) head -c 100000000 /dev/zero | tr '\0' a ;;
+  *FAKE_NORECORD*) echo '{"event":"stdout","data":"partial"}' ;;
+  *) echo '{"event":"result","version":1,"verdict":"OK","exit_code":0,"signal":null,"stdout":"","stderr":"","stdout_truncated":false,"stderr_truncated":false,"timed_out":false,"duration_ms":0,"message":""}' ;;
+esac
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = SandboxConfig {
+        runner_path: Some(script),
+        ..SandboxConfig::default()
+    };
+    (LocalSandbox::new(&config).unwrap(), dir)
+}
+
+#[tokio::test]
+async fn backstop_and_broken_runner_output() {
+    let (sb, _dir) = broken_runner_sandbox();
+    let call = |code: &'static str, timeout_ms: u64| {
+        sb.run(
+            spec(Language::Bash, code, timeout_ms),
+            None,
+            CancellationToken::new(),
+        )
+    };
+
+    // A runner that never answers: killed from outside at timeout + 2 s.
+    let t = Instant::now();
+    let rec = call("FAKE_HANG", 500).await.unwrap();
+    assert_eq!(rec.verdict, Verdict::Timeout, "{rec:?}");
+    assert!(rec.timed_out);
+    assert!(
+        t.elapsed() < Duration::from_millis(3_500),
+        "{:?}",
+        t.elapsed()
+    );
+
+    let err = call("FAKE_GARBAGE", 2_000).await.unwrap_err();
+    assert!(matches!(err, SandboxError::Protocol(_)), "{err}");
+    let err = call("FAKE_NORECORD", 2_000).await.unwrap_err();
+    assert!(err.to_string().contains("without a result record"), "{err}");
+
+    // A 100 MB line: refused without being held in memory.
+    let before = self_rss_kib();
+    let err = call("FAKE_HUGE", 5_000).await.unwrap_err();
+    assert!(err.to_string().contains("longer than"), "{err}");
+    let grown_mib = self_rss_kib().saturating_sub(before) / 1024;
+    assert!(grown_mib < 40, "grew by {grown_mib} MiB");
+}

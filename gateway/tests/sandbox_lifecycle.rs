@@ -198,3 +198,19 @@ async fn backstop_and_broken_runner_output() {
     let grown_mib = self_rss_kib().saturating_sub(before) / 1024;
     assert!(grown_mib < 40, "grew by {grown_mib} MiB");
 }
+
+#[tokio::test]
+async fn concurrent_runs_all_complete() {
+    let runs = (0..6).map(|i| {
+        let code = format!("import time\ntime.sleep(0.2)\nprint({i})");
+        run_spec(spec(Language::Python, &code, 5_000))
+    });
+    let recs = futures::future::join_all(runs).await;
+    for (i, rec) in recs.iter().enumerate() {
+        assert_eq!(
+            (rec.verdict, rec.stdout.clone()),
+            (Verdict::Ok, format!("{i}\n")),
+            "{rec:?}"
+        );
+    }
+}

@@ -87,6 +87,8 @@ struct Inner {
     /// Serialises "drop this thread's credentials, fork": the credential change resets the
     /// process-wide dumpable flag, which the forked child needs set to write its uid_map.
     spawn_lock: Mutex<()>,
+    /// Where each run's root mount point is made (`<tmp>/toolrun-sandbox`).
+    root_base: PathBuf,
     /// Limits a prepared sandbox is made for (the configured defaults).
     default_limits: Limits,
     /// The next run's sandbox, started ahead ([`Inner::prepare_next`]).
@@ -168,6 +170,7 @@ impl LocalSandbox {
                 mechanisms: Vec::new(),
             },
             spawn_lock: Mutex::new(()),
+            root_base: root_base(drop_to_nobody)?,
             default_limits: config.limits.clone(),
             prepared: Mutex::new(None),
         };
@@ -293,6 +296,26 @@ fn resolve_runner(config: &SandboxConfig) -> Result<PathBuf, SandboxError> {
         })
 }
 
+/// `<tmp>/toolrun-sandbox`, where run roots live, without the roots of dead gateways
+/// (named `<gateway pid>-<run id>` like the cgroups).
+fn root_base(root_user: bool) -> Result<PathBuf, SandboxError> {
+    use std::os::unix::fs::PermissionsExt;
+    let base = std::env::temp_dir().join("toolrun-sandbox");
+    std::fs::create_dir_all(&base)?;
+    if root_user {
+        // Traversable by the sandbox uid, listable by no one else.
+        std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o711))?;
+    }
+    for entry in std::fs::read_dir(&base)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    Ok(base)
+}
+
 fn host_path(host: &Path, inside: &Path) -> Option<HostPath> {
     let meta = std::fs::symlink_metadata(host).ok()?;
     Some(if meta.file_type().is_symlink() {
@@ -372,6 +395,7 @@ impl Inner {
         &self,
         cg: Option<&RunCgroup>,
         tmp_size_mb: u64,
+        root: &Path,
     ) -> Result<hakoniwa::Child, SandboxError> {
         let _guard = self.spawn_lock.lock().unwrap_or_else(|e| e.into_inner());
         let tid = rustix::thread::gettid().as_raw_nonzero().get();
@@ -382,7 +406,7 @@ impl Inner {
                 })?),
                 None => None,
             };
-        let spawned = self.spawn_as_nobody(tmp_size_mb);
+        let spawned = self.spawn_as_nobody(tmp_size_mb, root);
         if self.drop_to_nobody {
             // Back to root through the saved uid, to leave the cgroups.
             let root = rustix::process::Uid::ROOT;
@@ -396,7 +420,11 @@ impl Inner {
         spawned
     }
 
-    fn spawn_as_nobody(&self, tmp_size_mb: u64) -> Result<hakoniwa::Child, SandboxError> {
+    fn spawn_as_nobody(
+        &self,
+        tmp_size_mb: u64,
+        root: &Path,
+    ) -> Result<hakoniwa::Child, SandboxError> {
         if self.drop_to_nobody {
             use rustix::process::{Gid, Uid};
             use rustix::thread::{set_thread_groups, set_thread_res_gid, set_thread_res_uid};
@@ -416,7 +444,8 @@ impl Inner {
             rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::Dumpable)
                 .map_err(|e| SandboxError::Setup(format!("prctl(PR_SET_DUMPABLE): {e}")))?;
         }
-        let container = self.container(tmp_size_mb);
+        let mut container = self.container(tmp_size_mb);
+        container.rootdir(root);
         let mut cmd = container.command(RUNNER_IN_SANDBOX);
         cmd.args(["--spec", "-"])
             .current_dir("/")
@@ -443,9 +472,17 @@ impl Inner {
         std::thread::Builder::new()
             .name("sandbox-run".into())
             .spawn(move || {
-                let mut child = match inner.spawn_here(cg.as_deref(), tmp_size_mb) {
+                let root = match inner.make_root() {
+                    Ok(root) => root,
+                    Err(e) => {
+                        let _ = started_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let mut child = match inner.spawn_here(cg.as_deref(), tmp_size_mb, &root) {
                     Ok(child) => child,
                     Err(e) => {
+                        let _ = std::fs::remove_dir_all(&root);
                         let _ = started_tx.send(Err(e));
                         return;
                     }
@@ -463,7 +500,13 @@ impl Inner {
                     _ => Err(SandboxError::Setup("sandbox pipes missing".into())),
                 };
                 let _ = started_tx.send(spawned);
-                let _ = status_tx.send(child.wait().map(|s| s.reason));
+                let status = child.wait().map(|s| s.reason);
+                // The setup process is gone, so is the mount namespace: only the mount
+                // points are left.
+                if let Err(e) = std::fs::remove_dir_all(&root) {
+                    tracing::warn!(root = ?root, error = %e, "cannot remove a sandbox root");
+                }
+                let _ = status_tx.send(status);
             })?;
         Ok(started_rx)
     }
@@ -542,6 +585,17 @@ impl Inner {
         })
     }
 
+    /// A fresh directory for the sandbox's root mount point, owned by the sandbox's uid
+    /// (the setup process creates the mount points in it).
+    fn make_root(&self) -> Result<PathBuf, SandboxError> {
+        let root = self.root_base.join(run_name());
+        std::fs::create_dir(&root)?;
+        if self.drop_to_nobody {
+            std::os::unix::fs::chown(&root, Some(SANDBOX_ID), Some(SANDBOX_ID))?;
+        }
+        Ok(root)
+    }
+
     /// One empty run, to check that every namespace and mount can be set up.
     fn probe(&self) -> Result<(), String> {
         let cg = match &self.cgroups {
@@ -552,9 +606,14 @@ impl Inner {
         };
         let result = std::thread::scope(|scope| {
             let handle = scope.spawn(|| {
-                let mut child = self.spawn_here(cg.as_ref(), 1).map_err(|e| e.to_string())?;
-                // No spec on stdin: the runner answers with an INFRA_ERROR record.
-                child.wait_with_output().map_err(|e| e.to_string())
+                let root = self.make_root().map_err(|e| e.to_string())?;
+                let out = match self.spawn_here(cg.as_ref(), 1, &root) {
+                    // No spec on stdin: the runner answers with an INFRA_ERROR record.
+                    Ok(mut child) => child.wait_with_output().map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                };
+                let _ = std::fs::remove_dir_all(&root);
+                out
             });
             let out = handle
                 .join()

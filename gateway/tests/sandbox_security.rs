@@ -532,3 +532,34 @@ async fn case36_concurrent_runs_are_isolated() {
     let procs: u32 = counts[2].parse().unwrap();
     assert!(procs <= 6, "sees {procs} processes: {rb:?}");
 }
+
+// 25-28 (beyond the required list): the runner's seccomp filter refuses ptrace,
+// namespaces, dangerous syscalls and TIOCSTI, whatever the capabilities would allow.
+#[tokio::test]
+async fn case25_to_28_dangerous_syscalls_are_refused() {
+    let rec = py(
+        "import ctypes, fcntl, termios\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         def show(name, r):\n    print(name, r, ctypes.get_errno())\n\
+         show('unshare', libc.unshare(0x10000000))\n\
+         show('mount', libc.mount(b'none', b'/tmp', b'tmpfs', 0, None))\n\
+         for name, nr in [('bpf', 321), ('perf_event_open', 298), ('keyctl', 250),\n\
+         \x20                ('io_uring_setup', 425), ('kexec_load', 246), ('setns', 308)]:\n\
+         \x20   show(name, libc.syscall(nr, 0, 0, 0, 0, 0))\n\
+         show('ptrace_attach_pid1', libc.ptrace(16, 1, 0, 0))\n\
+         show('process_vm_readv', libc.syscall(310, 1, 0, 0, 0, 0, 0))\n\
+         try:\n    fcntl.ioctl(0, termios.TIOCSTI, b'x'); print('tiocsti ok')\n\
+         except OSError as e:\n    print('tiocsti', -1, e.errno)\n\
+         try:\n    fcntl.ioctl(0, termios.TIOCSTI | (1 << 32), b'x'); print('tiocsti-high ok')\n\
+         except (OSError, OverflowError) as e:\n    print('tiocsti-high', -1, getattr(e, 'errno', 1))",
+    )
+    .await;
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    let lines: Vec<&str> = rec.stdout.lines().collect();
+    assert_eq!(lines.len(), 12, "{rec:?}");
+    for line in lines {
+        assert!(line.ends_with(" -1 1"), "not refused with EPERM: {line}");
+    }
+    let rec = bash("unshare -U true && echo UNSHARED; echo done").await;
+    assert_eq!(rec.stdout, "done\n", "{rec:?}");
+}

@@ -15,9 +15,27 @@
 //!
 //! Anything the runner itself fails at (bad spec, interpreter not found) still ends with a
 //! result line whose verdict is `INFRA_ERROR` and whose `message` says why.
+//!
+//! ## What the runner enforces itself
+//! The program's environment is exactly `env`; it gets fds 0-2 only; rlimits from
+//! `limits` (0 = unset; RLIMIT_CORE is always 0); the [`seccomp`] deny-list; the
+//! wall-clock timeout; the per-stream output cap. When the program ends, times out or
+//! overflows, every process it started is killed (`kill(-1)` as PID 1 of a PID namespace,
+//! else its process group and every descendant, the runner being their subreaper) before
+//! the record is written. The runner is non-dumpable, so the program (same uid) can
+//! neither ptrace it nor write into its stdout through /proc.
+//!
+//! ## Verdicts
+//! TIMEOUT (wall clock: `timed_out`; CPU rlimit: SIGXCPU, or SIGKILL after the CPU limit,
+//! message says CPU time), OUTPUT_LIMIT (a stream passed the cap; the program was
+//! killed), RUNTIME_ERROR (non-zero exit or a signal; `exit_code` = status or
+//! 128 + signal), OK. The runner cannot tell an OOM kill from another SIGKILL, nor a
+//! MemoryError from another exception: the backend that owns the memory limit corrects
+//! RUNTIME_ERROR to MEMORY_LIMIT (the local sandbox reads its memory cgroup).
 
 pub mod capture;
 pub mod run;
+pub mod seccomp;
 
 use std::collections::BTreeMap;
 

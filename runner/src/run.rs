@@ -200,6 +200,8 @@ impl Run {
         })?;
 
         set_limits(spec)?;
+        // Fails closed: no filter, no run (INFRA_ERROR).
+        crate::seccomp::install()?;
 
         let argv = argv(spec);
         let mut cmd = Command::new(&argv[0]);

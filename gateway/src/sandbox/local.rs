@@ -13,7 +13,8 @@
 //!   (null, zero, full, random, urandom: no tty, no pts), and a size- and inode-capped
 //!   tmpfs on `/tmp`;
 //! - cgroup v1 memory (+memsw) and pids groups under `/sys/fs/cgroup/<ctrl>/toolrun/`;
-//!   CPU time, file size, open files and core dumps are rlimits set by the runner;
+//!   CPU time, file size, open files and core dumps are rlimits set by the runner, which
+//!   also installs its seccomp deny-list ([`toolrun_runner::seccomp`]);
 //! - only loopback networking (down): sockets can be created, nothing can be reached.
 //!
 //! The runner is PID 1 of the PID namespace: when it exits the kernel kills every process
@@ -237,12 +238,12 @@ impl LocalSandbox {
         );
         mech(
             "seccomp",
-            false,
-            "not built (needs libseccomp); dangerous syscalls (mount, bpf, perf_event_open, \
-             kexec...) are refused by the missing host capabilities, ptrace of the runner \
-             by its non-dumpable flag"
+            ns_ok,
+            "deny-list installed by toolrun-runner on the program (pure-Rust BPF, same in \
+             pods): mount, namespaces, bpf, perf_event_open, keyctl, io_uring, kexec, \
+             modules, ptrace, process_vm_*, TIOCSTI/TIOCLINUX... refused with EPERM"
                 .into(),
-            false,
+            true,
         );
         let mut inner = inner;
         inner.info.mechanisms = mechanisms;

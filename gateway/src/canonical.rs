@@ -5,7 +5,8 @@ use serde_json::Value;
 /// RFC 8785 (JCS) canonical JSON text of `value`.
 pub fn canonical_json(value: &Value) -> String {
     // JCS fails only on non-finite numbers, which serde_json::Value cannot hold.
-    serde_json_canonicalizer::to_string(value).expect("serde_json values are always canonicalisable")
+    serde_json_canonicalizer::to_string(value)
+        .expect("serde_json values are always canonicalisable")
 }
 
 /// Lowercase hex BLAKE3 of `bytes`.
@@ -40,6 +41,9 @@ mod tests {
         assert_eq!(text, r#"{"a":1,"b":2}"#);
         assert_eq!(hash, blake3::hash(br#"{"a":1,"b":2}"#).to_hex().to_string());
         assert_eq!(hash.len(), 64);
-        assert!(hash.chars().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(
+            hash.chars()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
     }
 }

@@ -229,7 +229,12 @@ impl Limits {
             ("max_file_size_mb", self.max_file_size_mb, 1, 65_536),
             ("max_open_files", self.max_open_files, 16, 65_536),
             ("tmp_size_mb", self.tmp_size_mb, 1, 65_536),
-            ("output_limit_bytes", self.output_limit_bytes, 1_024, 64 * 1024 * 1024),
+            (
+                "output_limit_bytes",
+                self.output_limit_bytes,
+                1_024,
+                64 * 1024 * 1024,
+            ),
         ];
         for (name, value, lo, hi) in checks {
             if !(lo..=hi).contains(&value) {
@@ -267,7 +272,11 @@ impl Config {
             let key = e.path().to_string();
             ConfigError::Parse {
                 path: PathBuf::new(),
-                key: if key == "." { "(top level)".into() } else { key },
+                key: if key == "." {
+                    "(top level)".into()
+                } else {
+                    key
+                },
                 message: e.into_inner().to_string(),
             }
         })?;
@@ -337,17 +346,26 @@ mod tests {
     #[test]
     fn out_of_range_timeout_is_named() {
         let err = Config::from_yaml("tools:\n  calculator:\n    timeout_ms: 50\n").unwrap_err();
-        assert!(err.to_string().contains("tools.calculator.timeout_ms"), "{err}");
+        assert!(
+            err.to_string().contains("tools.calculator.timeout_ms"),
+            "{err}"
+        );
         let err = Config::from_yaml("tools:\n  run_code:\n    timeout_ms: 60001\n").unwrap_err();
-        assert!(err.to_string().contains("tools.run_code.timeout_ms"), "{err}");
+        assert!(
+            err.to_string().contains("tools.run_code.timeout_ms"),
+            "{err}"
+        );
     }
 
     #[test]
     fn limits_are_range_checked_and_merged() {
         let err = Config::from_yaml("sandbox:\n  limits:\n    memory_mb: 1\n").unwrap_err();
-        assert!(err.to_string().contains("sandbox.limits.memory_mb"), "{err}");
-        let c = Config::from_yaml("tools:\n  run_code:\n    limits:\n      memory_mb: 512\n")
-            .unwrap();
+        assert!(
+            err.to_string().contains("sandbox.limits.memory_mb"),
+            "{err}"
+        );
+        let c =
+            Config::from_yaml("tools:\n  run_code:\n    limits:\n      memory_mb: 512\n").unwrap();
         let merged = c
             .sandbox
             .limits

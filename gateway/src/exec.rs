@@ -101,10 +101,7 @@ impl Executor {
         };
         let args_hash = blake3_hex(req.arguments_json.as_bytes());
         let (tool, result) = match self.registry.get(&req.tool) {
-            None => (
-                req.tool.clone(),
-                Err(self.unknown_tool(&req.tool)),
-            ),
+            None => (req.tool.clone(), Err(self.unknown_tool(&req.tool))),
             Some(entry) => {
                 let entry = entry.clone();
                 let result = self
@@ -222,7 +219,11 @@ impl Executor {
             Err(_) => {
                 return Err(ToolError::new(
                     ErrorCode::Timeout,
-                    format!("tool {:?} timed out after {} ms", meta.id, timeout.as_millis()),
+                    format!(
+                        "tool {:?} timed out after {} ms",
+                        meta.id,
+                        timeout.as_millis()
+                    ),
                 ));
             }
             Ok(Err(panic)) => {
@@ -243,7 +244,10 @@ impl Executor {
             tracing::error!(tool = meta.id, call_id, "output breaks its schema: {err}");
             return Err(ToolError::new(
                 ErrorCode::Internal,
-                format!("tool {:?} produced output that breaks its schema: {err}", meta.id),
+                format!(
+                    "tool {:?} produced output that breaks its schema: {err}",
+                    meta.id
+                ),
             ));
         }
         Ok(value)
@@ -255,9 +259,8 @@ pub fn parse_arguments(text: &str) -> Result<Value, ToolError> {
     if text.trim().is_empty() {
         return Ok(Value::Object(Default::default()));
     }
-    let value: Value = serde_json::from_str(text).map_err(|e| {
-        ToolError::invalid_arguments(format!("arguments are not valid JSON: {e}"))
-    })?;
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| ToolError::invalid_arguments(format!("arguments are not valid JSON: {e}")))?;
     if !value.is_object() {
         return Err(ToolError::invalid_arguments(format!(
             "arguments must be a JSON object, got {}",
@@ -286,7 +289,13 @@ pub fn validate(validator: &jsonschema::Validator, args: &Value) -> Result<(), T
     }
     let summary: Vec<String> = errors
         .iter()
-        .map(|e| format!("{}: {}", e["path"].as_str().unwrap_or("/"), e["message"].as_str().unwrap_or("")))
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e["path"].as_str().unwrap_or("/"),
+                e["message"].as_str().unwrap_or("")
+            )
+        })
         .collect();
     Err(ToolError::invalid_arguments(format!(
         "arguments do not match the tool's input schema: {}",

@@ -4,12 +4,17 @@
 //! [`registry`] and [`exec`] (the per-call flow), [`tools`] (built-ins), [`sandbox`]
 //! (where untrusted code runs), then the servers and the CLI.
 
+pub mod admin;
+pub mod bench;
 pub mod canonical;
+pub mod cli;
 pub mod config;
 pub mod error;
 pub mod exec;
+pub mod grpc;
 pub mod metrics;
 pub mod registry;
 pub mod sandbox;
+pub mod serve;
 pub mod tool;
 pub mod tools;

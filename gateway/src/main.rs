@@ -1,3 +1,3 @@
 fn main() {
-    println!("toolrun");
+    std::process::exit(toolrun::cli::main());
 }

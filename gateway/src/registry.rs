@@ -95,7 +95,9 @@ impl Registry {
         let entry = Arc::new(Entry {
             enabled: tool_config.is_none_or(|c| c.enabled),
             timeout: Duration::from_millis(
-                tool_config.and_then(|c| c.timeout_ms).unwrap_or(tool.default_timeout_ms()),
+                tool_config
+                    .and_then(|c| c.timeout_ms)
+                    .unwrap_or(tool.default_timeout_ms()),
             ),
             validator,
             output_validator,
@@ -109,10 +111,10 @@ impl Registry {
         Ok(())
     }
 
-    /// Fails when the configuration names a tool that is not registered.
-    pub fn check_config(&self, config: &Config) -> Result<(), RegistryError> {
+    /// Fails when the configuration names a tool that is neither registered nor in `also_known`.
+    pub fn check_config(&self, config: &Config, also_known: &[&str]) -> Result<(), RegistryError> {
         for id in config.tools.keys() {
-            if !self.entries.iter().any(|e| e.id() == id) {
+            if !self.entries.iter().any(|e| e.id() == id) && !also_known.contains(&id.as_str()) {
                 return Err(RegistryError::UnknownConfiguredTool(id.clone()));
             }
         }

@@ -215,7 +215,10 @@ impl<T: TypedTool> Tool for Typed<T> {
             .map_err(|e| ToolError::invalid_arguments(e.to_string()))?;
         let output = self.tool.run(input, ctx).await?;
         serde_json::to_value(output).map_err(|e| {
-            ToolError::new(ErrorCode::Internal, format!("output does not serialise: {e}"))
+            ToolError::new(
+                ErrorCode::Internal,
+                format!("output does not serialise: {e}"),
+            )
         })
     }
 }

@@ -9,5 +9,6 @@ pub mod v1 {
     tonic::include_proto!("toolrun.v1");
 
     /// Encoded `FileDescriptorSet` for gRPC server reflection.
-    pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("toolrun_descriptor");
+    pub const FILE_DESCRIPTOR_SET: &[u8] =
+        tonic::include_file_descriptor_set!("toolrun_descriptor");
 }

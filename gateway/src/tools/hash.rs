@@ -97,16 +97,37 @@ mod tests {
     async fn known_vectors() {
         // BLAKE3 of the empty input, from the BLAKE3 specification's test vectors.
         let out = Hash
-            .run(HashInput { input: String::new(), encoding: Encoding::Utf8 }, &ctx())
+            .run(
+                HashInput {
+                    input: String::new(),
+                    encoding: Encoding::Utf8,
+                },
+                &ctx(),
+            )
             .await
             .unwrap();
-        assert_eq!(out.hash, "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262");
+        assert_eq!(
+            out.hash,
+            "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+        );
         let a = Hash
-            .run(HashInput { input: "hello".into(), encoding: Encoding::Utf8 }, &ctx())
+            .run(
+                HashInput {
+                    input: "hello".into(),
+                    encoding: Encoding::Utf8,
+                },
+                &ctx(),
+            )
             .await
             .unwrap();
         let b = Hash
-            .run(HashInput { input: "aGVsbG8=".into(), encoding: Encoding::Base64 }, &ctx())
+            .run(
+                HashInput {
+                    input: "aGVsbG8=".into(),
+                    encoding: Encoding::Base64,
+                },
+                &ctx(),
+            )
             .await
             .unwrap();
         assert_eq!(a.hash, b.hash);
@@ -115,7 +136,13 @@ mod tests {
     #[tokio::test]
     async fn bad_base64_is_invalid_arguments() {
         let err = Hash
-            .run(HashInput { input: "***".into(), encoding: Encoding::Base64 }, &ctx())
+            .run(
+                HashInput {
+                    input: "***".into(),
+                    encoding: Encoding::Base64,
+                },
+                &ctx(),
+            )
             .await
             .unwrap_err();
         assert_eq!(err.code, crate::error::ErrorCode::InvalidArguments);

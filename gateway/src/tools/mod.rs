@@ -11,6 +11,9 @@ use crate::config::Config;
 use crate::registry::{Registry, RegistryError};
 use crate::tool::typed;
 
+/// Ids of the tools that need a sandbox backend.
+pub const SANDBOXED_TOOLS: &[&str] = &["run_code", "code_executor"];
+
 /// A registry with the inline built-ins (no sandboxed tools).
 pub fn inline_registry(config: &Config) -> Result<Registry, RegistryError> {
     let mut r = Registry::new();
@@ -44,6 +47,6 @@ pub fn builtin_registry(
     r.register(typed(run_code), &[], config)?;
     let seed = run_code::RunCode::new(pool, limits("code_executor"), max("code_executor"));
     r.register(typed(run_code::CodeExecutor(seed)), &[], config)?;
-    r.check_config(config)?;
+    r.check_config(config, &[])?;
     Ok(r)
 }

@@ -33,9 +33,9 @@ pub struct SandboxPool {
 impl SandboxPool {
     /// A pool over `sandbox` allowing `config.max_concurrent_runs` (default: cores) at once.
     pub fn new(sandbox: Arc<dyn Sandbox>, config: SandboxConfig, metrics: Arc<Metrics>) -> Self {
-        let slots = config.max_concurrent_runs.unwrap_or_else(|| {
-            std::thread::available_parallelism().map_or(2, |n| n.get())
-        });
+        let slots = config
+            .max_concurrent_runs
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
         SandboxPool {
             sandbox,
             slots: Semaphore::new(slots),
@@ -69,7 +69,10 @@ impl SandboxPool {
         let _permit = match permit {
             Ok(Ok(p)) => p,
             Ok(Err(_)) => {
-                return Err(ToolError::new(ErrorCode::Unavailable, "the sandbox pool is closed"));
+                return Err(ToolError::new(
+                    ErrorCode::Unavailable,
+                    "the sandbox pool is closed",
+                ));
             }
             Err(_) => {
                 return Err(ToolError::new(
@@ -86,7 +89,10 @@ impl SandboxPool {
         let remaining = ctx.deadline.saturating_duration_since(Instant::now());
         let timeout = code.timeout.min(remaining);
         if timeout < Duration::from_millis(1) {
-            return Err(ToolError::new(ErrorCode::Timeout, "no time left to start the run"));
+            return Err(ToolError::new(
+                ErrorCode::Timeout,
+                "no time left to start the run",
+            ));
         }
         let interpreter = match code.language {
             Language::Python => &self.config.interpreters.python,
@@ -94,7 +100,10 @@ impl SandboxPool {
             Language::Bash => &self.config.interpreters.bash,
         };
         let mut env = BTreeMap::from([
-            ("PATH".to_string(), "/usr/local/bin:/usr/bin:/bin".to_string()),
+            (
+                "PATH".to_string(),
+                "/usr/local/bin:/usr/bin:/bin".to_string(),
+            ),
             ("HOME".to_string(), "/tmp".to_string()),
             ("LANG".to_string(), "C.UTF-8".to_string()),
             ("PYTHONDONTWRITEBYTECODE".to_string(), "1".to_string()),
@@ -179,7 +188,10 @@ pub fn record_to_result(r: RunRecord, timeout: Duration) -> Result<RunCodeOutput
         ),
         Verdict::Timeout => (
             ErrorCode::Timeout,
-            detail(format!("the program timed out after {} ms", timeout.as_millis())),
+            detail(format!(
+                "the program timed out after {} ms",
+                timeout.as_millis()
+            )),
         ),
         Verdict::MemoryLimit => (
             ErrorCode::MemoryLimit,
@@ -190,10 +202,7 @@ pub fn record_to_result(r: RunRecord, timeout: Duration) -> Result<RunCodeOutput
             detail("the program exceeded its output limit".into()),
         ),
         Verdict::Cancelled => (ErrorCode::Cancelled, detail("the run was cancelled".into())),
-        Verdict::InfraError => (
-            ErrorCode::Unavailable,
-            detail("the sandbox failed".into()),
-        ),
+        Verdict::InfraError => (ErrorCode::Unavailable, detail("the sandbox failed".into())),
     };
     let output = serde_json::to_value(&out).expect("output serialises");
     Err(ToolError::new(code, message).with_output(output))
@@ -315,7 +324,9 @@ impl RunCode {
                 "timeout {s} s exceeds this tool's maximum of {} s",
                 self.max_timeout.as_secs()
             ))
-            .with_details(serde_json::json!({"path": "/timeout", "maximum": self.max_timeout.as_secs()})));
+            .with_details(
+                serde_json::json!({"path": "/timeout", "maximum": self.max_timeout.as_secs()}),
+            ));
         }
         Ok(t)
     }
@@ -353,7 +364,11 @@ impl TypedTool for RunCode {
         RUN_CODE_TIMEOUT_MS
     }
 
-    async fn run(&self, input: RunCodeInput, ctx: &CallContext) -> Result<RunCodeOutput, ToolError> {
+    async fn run(
+        &self,
+        input: RunCodeInput,
+        ctx: &CallContext,
+    ) -> Result<RunCodeOutput, ToolError> {
         let run = CodeRun {
             language: input.language.into(),
             code: input.code,

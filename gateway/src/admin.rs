@@ -1,0 +1,60 @@
+//! The admin HTTP port: `/healthz`, `/readyz`, `/metrics`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use serde_json::json;
+
+use crate::metrics::Metrics;
+use crate::sandbox::SandboxInfo;
+
+/// What the admin endpoints report.
+pub struct AdminState {
+    /// Set once the gRPC listener is bound; cleared when shutdown begins.
+    pub ready: AtomicBool,
+    /// Metrics to expose.
+    pub metrics: Arc<Metrics>,
+    /// Sandbox backend and mechanisms (None when no sandboxed tool is enabled).
+    pub sandbox: Option<SandboxInfo>,
+    /// The gRPC address.
+    pub grpc_addr: String,
+}
+
+/// The admin router.
+pub fn router(state: Arc<AdminState>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state)
+}
+
+async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    let ready = s.ready.load(Ordering::Acquire);
+    let body = json!({
+        "ready": ready,
+        "grpc": s.grpc_addr,
+        "sandbox": s.sandbox,
+    });
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body))
+}
+
+async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.encode(),
+    )
+}

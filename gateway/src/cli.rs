@@ -1,0 +1,491 @@
+//! The `toolrun` command line: `serve`, `tools`, `call`, `run`, `bench`.
+//!
+//! Exit codes: 0 success; 1 the tool ran and failed (`ok = false`); 2 bad usage;
+//! 3 the gateway could not be reached or the RPC failed.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+use toolrun_proto::v1 as pb;
+use toolrun_proto::v1::tool_service_client::ToolServiceClient;
+
+use crate::grpc::error_code_name;
+use crate::serve::ServeArgs;
+
+/// Exit code: the tool failed.
+pub const EXIT_TOOL_FAILED: i32 = 1;
+/// Exit code: bad usage.
+pub const EXIT_USAGE: i32 = 2;
+/// Exit code: the gateway could not be reached or the RPC failed.
+pub const EXIT_CONNECTION: i32 = 3;
+
+/// toolrun: run AI agents' tool calls, untrusted code in a sandbox.
+#[derive(Debug, Parser)]
+#[command(name = "toolrun", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, env = "TOOLRUN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start the gateway (gRPC + admin HTTP) with the local sandbox.
+    Serve(ServeArgs),
+    /// List the gateway's tools.
+    Tools {
+        #[command(flatten)]
+        conn: Conn,
+        /// Output form.
+        #[arg(long, value_enum, default_value_t = ToolsFormat::Table)]
+        format: ToolsFormat,
+    },
+    /// Call one tool and print its result as JSON.
+    Call {
+        #[command(flatten)]
+        conn: Conn,
+        /// Tool id, e.g. calculator.
+        tool: String,
+        /// Arguments as a JSON object, e.g. '{"expression":"2+2"}' (default {}).
+        #[arg(default_value = "{}")]
+        arguments: String,
+        /// Upper bound for the call in ms (0 = the tool's timeout).
+        #[arg(long, default_value_t = 0)]
+        timeout_ms: u32,
+        /// Call id to send (default: the gateway makes one).
+        #[arg(long, default_value = "")]
+        call_id: String,
+    },
+    /// Run code in the sandbox, streaming its output as it comes.
+    Run {
+        #[command(flatten)]
+        conn: Conn,
+        /// Language of the program.
+        #[arg(long, short, value_enum)]
+        language: RunLanguage,
+        /// The program as text.
+        #[arg(short = 'c', long = "code", conflicts_with = "file")]
+        code: Option<String>,
+        /// The program's file ('-' or nothing: read the program from stdin).
+        file: Option<PathBuf>,
+        /// Wall-clock limit in seconds (default: the gateway's, 10).
+        #[arg(long)]
+        timeout: Option<u64>,
+        /// Program argument (repeatable).
+        #[arg(long = "arg")]
+        args: Vec<String>,
+        /// Environment variable NAME=VALUE (repeatable).
+        #[arg(long = "env")]
+        env: Vec<String>,
+    },
+    /// Load-generate against a gateway and report latency and throughput.
+    Bench(crate::bench::BenchArgs),
+}
+
+/// Where the gateway is.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Conn {
+    /// Gateway gRPC address.
+    #[arg(long, env = "TOOLRUN_ADDR", default_value = "http://127.0.0.1:50051")]
+    pub addr: String,
+}
+
+/// `toolrun tools --format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ToolsFormat {
+    /// A table for people.
+    Table,
+    /// toolrun's native definitions.
+    Json,
+    /// OpenAI `tools` entries.
+    Openai,
+    /// Anthropic `tools` entries.
+    Anthropic,
+    /// MCP `tools/list` entries.
+    Mcp,
+}
+
+/// `toolrun run --language`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RunLanguage {
+    /// Python 3.
+    Python,
+    /// JavaScript (Node.js).
+    Javascript,
+    /// Bash.
+    Bash,
+}
+
+/// Client-side failures.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Could not connect.
+    #[error("cannot connect to the gateway at {addr}: {source}")]
+    Connect {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: tonic::transport::Error,
+    },
+    /// The RPC failed.
+    #[error("RPC failed: {0}")]
+    Rpc(#[from] tonic::Status),
+    /// Bad usage.
+    #[error("{0}")]
+    Usage(String),
+    /// Local I/O.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl CliError {
+    /// The process exit code for this error.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            CliError::Usage(_) => EXIT_USAGE,
+            CliError::Io(_) => EXIT_USAGE,
+            CliError::Connect { .. } | CliError::Rpc(_) => EXIT_CONNECTION,
+        }
+    }
+}
+
+/// Connects to the gateway.
+pub async fn connect(addr: &str) -> Result<ToolServiceClient<Channel>, CliError> {
+    let endpoint = Channel::from_shared(addr.to_string())
+        .map_err(|e| CliError::Usage(format!("bad --addr {addr:?}: {e}")))?
+        .tcp_nodelay(true);
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|source| CliError::Connect {
+            addr: addr.to_string(),
+            source,
+        })?;
+    Ok(ToolServiceClient::new(channel)
+        .max_decoding_message_size(64 * 1024 * 1024)
+        .max_encoding_message_size(64 * 1024 * 1024))
+}
+
+/// A wire result as JSON for people and scripts (output parsed back into JSON).
+pub fn result_json(r: &pb::ToolResult) -> Value {
+    let output: Value = if r.output_json.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&r.output_json).unwrap_or(Value::String(r.output_json.clone()))
+    };
+    let mut v = json!({
+        "call_id": r.call_id,
+        "tool": r.tool,
+        "ok": r.ok,
+        "output": output,
+        "output_hash": r.output_hash,
+        "duration_us": r.duration_us,
+    });
+    if let Some(e) = &r.error {
+        let details: Value = if e.details_json.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&e.details_json).unwrap_or(Value::Null)
+        };
+        v["error"] = json!({
+            "code": error_code_name(e.code),
+            "message": e.message,
+            "details": details,
+        });
+    }
+    v
+}
+
+/// Runs a client subcommand; returns the exit code.
+pub async fn run_client(command: Command) -> Result<i32, CliError> {
+    match command {
+        Command::Serve(_) | Command::Bench(_) => unreachable!("handled by the caller"),
+        Command::Tools { conn, format } => tools(&conn, format).await,
+        Command::Call {
+            conn,
+            tool,
+            arguments,
+            timeout_ms,
+            call_id,
+        } => {
+            let mut client = connect(&conn.addr).await?;
+            let resp = client
+                .call_tool(pb::CallToolRequest {
+                    call_id,
+                    tool,
+                    arguments_json: arguments,
+                    timeout_ms,
+                    session_id: String::new(),
+                })
+                .await?
+                .into_inner();
+            let result = resp
+                .result
+                .ok_or_else(|| tonic::Status::internal("response without a result"))?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&result_json(&result)).expect("json")
+            );
+            Ok(if result.ok { 0 } else { EXIT_TOOL_FAILED })
+        }
+        Command::Run {
+            conn,
+            language,
+            code,
+            file,
+            timeout,
+            args,
+            env,
+        } => {
+            let code = match (code, file) {
+                (Some(c), _) => c,
+                (None, Some(f)) if f.as_os_str() != "-" => std::fs::read_to_string(&f)
+                    .map_err(|e| CliError::Usage(format!("cannot read {}: {e}", f.display())))?,
+                _ => {
+                    let mut s = String::new();
+                    std::io::stdin().read_to_string(&mut s)?;
+                    s
+                }
+            };
+            let mut env_map = serde_json::Map::new();
+            for kv in env {
+                let (k, v) = kv
+                    .split_once('=')
+                    .ok_or_else(|| CliError::Usage(format!("--env {kv:?}: expected NAME=VALUE")))?;
+                env_map.insert(k.to_string(), Value::String(v.to_string()));
+            }
+            let language = match language {
+                RunLanguage::Python => "python",
+                RunLanguage::Javascript => "javascript",
+                RunLanguage::Bash => "bash",
+            };
+            let mut arguments =
+                json!({"language": language, "code": code, "args": args, "env": env_map});
+            if let Some(t) = timeout {
+                arguments["timeout"] = json!(t);
+            }
+            run_streaming(&conn.addr, arguments).await
+        }
+    }
+}
+
+async fn run_streaming(addr: &str, arguments: Value) -> Result<i32, CliError> {
+    let mut client = connect(addr).await?;
+    let mut stream = client
+        .stream_tool(pb::CallToolRequest {
+            call_id: String::new(),
+            tool: "run_code".into(),
+            arguments_json: arguments.to_string(),
+            timeout_ms: 0,
+            session_id: String::new(),
+        })
+        .await?
+        .into_inner();
+    let mut stdout = std::io::stdout();
+    let mut stderr = std::io::stderr();
+    while let Some(event) = stream.message().await? {
+        match event.event {
+            Some(pb::tool_event::Event::Stdout(c)) => {
+                stdout.write_all(&c.data)?;
+                stdout.flush()?;
+            }
+            Some(pb::tool_event::Event::Stderr(c)) => {
+                stderr.write_all(&c.data)?;
+                stderr.flush()?;
+            }
+            Some(pb::tool_event::Event::Result(r)) => {
+                if r.ok {
+                    return Ok(0);
+                }
+                let out: Value = serde_json::from_str(&r.output_json).unwrap_or(Value::Null);
+                let (code, message) = r
+                    .error
+                    .as_ref()
+                    .map(|e| (error_code_name(e.code), e.message.clone()))
+                    .unwrap_or_default();
+                let mut note = format!("toolrun: {code}: {message}");
+                if out["stdout_truncated"] == true || out["stderr_truncated"] == true {
+                    note.push_str(" (output truncated)");
+                }
+                eprintln!("{note}");
+                return Ok(EXIT_TOOL_FAILED);
+            }
+            None => {}
+        }
+    }
+    Err(CliError::Rpc(tonic::Status::unavailable(
+        "the stream ended without a result",
+    )))
+}
+
+async fn tools(conn: &Conn, format: ToolsFormat) -> Result<i32, CliError> {
+    let mut client = connect(&conn.addr).await?;
+    let wire_format = match format {
+        ToolsFormat::Table | ToolsFormat::Json => pb::ToolFormat::Unspecified,
+        ToolsFormat::Openai => pb::ToolFormat::Openai,
+        ToolsFormat::Anthropic => pb::ToolFormat::Anthropic,
+        ToolsFormat::Mcp => pb::ToolFormat::Mcp,
+    };
+    let tools = client
+        .list_tools(pb::ListToolsRequest {
+            format: wire_format as i32,
+        })
+        .await?
+        .into_inner()
+        .tools;
+    match format {
+        ToolsFormat::Table => {
+            println!(
+                "{:<16} {:<12} {:<8} {:>10}  DESCRIPTION",
+                "ID", "CATEGORY", "SANDBOX", "TIMEOUT"
+            );
+            for t in &tools {
+                let category = pb::Category::try_from(t.category)
+                    .map(|c| {
+                        c.as_str_name()
+                            .trim_start_matches("CATEGORY_")
+                            .to_lowercase()
+                    })
+                    .unwrap_or_default();
+                let mut desc = t.description.clone();
+                if desc.len() > 70 {
+                    let cut = (0..=67)
+                        .rev()
+                        .find(|i| desc.is_char_boundary(*i))
+                        .unwrap_or(0);
+                    desc.truncate(cut);
+                    desc.push_str("...");
+                }
+                println!(
+                    "{:<16} {:<12} {:<8} {:>8}ms  {}",
+                    t.id,
+                    category,
+                    if t.sandbox_required { "yes" } else { "no" },
+                    t.timeout_ms,
+                    desc
+                );
+            }
+        }
+        ToolsFormat::Json => {
+            let defs: Vec<Value> = tools.iter().map(native_json).collect();
+            println!("{}", serde_json::to_string_pretty(&defs).expect("json"));
+        }
+        _ => {
+            let defs: Vec<Value> = tools
+                .iter()
+                .map(|t| serde_json::from_str(&t.rendered_json).unwrap_or(Value::Null))
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&defs).expect("json"));
+        }
+    }
+    Ok(0)
+}
+
+fn enum_name(name: Option<&str>, prefix: &str) -> String {
+    name.map(|n| n.trim_start_matches(prefix).to_lowercase())
+        .unwrap_or_default()
+}
+
+fn native_json(t: &pb::ToolDefinition) -> Value {
+    json!({
+        "id": t.id,
+        "name": t.name,
+        "description": t.description,
+        "version": t.version,
+        "category": enum_name(pb::Category::try_from(t.category).ok().map(|c| c.as_str_name()), "CATEGORY_"),
+        "input_schema": serde_json::from_str::<Value>(&t.input_schema_json).unwrap_or(Value::Null),
+        "output_schema": serde_json::from_str::<Value>(&t.output_schema_json).unwrap_or(Value::Null),
+        "sandbox_required": t.sandbox_required,
+        "side_effect": enum_name(pb::SideEffect::try_from(t.side_effect).ok().map(|c| c.as_str_name()), "SIDE_EFFECT_"),
+        "determinism": enum_name(pb::Determinism::try_from(t.determinism).ok().map(|c| c.as_str_name()), "DETERMINISM_"),
+        "approval_policy": enum_name(pb::ApprovalPolicy::try_from(t.approval_policy).ok().map(|c| c.as_str_name()), "APPROVAL_POLICY_"),
+        "timeout_ms": t.timeout_ms,
+        "required_capabilities": t.required_capabilities,
+        "aliases": t.aliases,
+    })
+}
+
+/// Initialises logging to stderr.
+pub fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLRUN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// The whole program: parses arguments, runs the command, returns the exit code.
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("toolrun: cannot start the async runtime: {e}");
+            return EXIT_CONNECTION;
+        }
+    };
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Serve(args) => {
+                init_logging(cli.log_format);
+                match serve_until_signal(args).await {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        tracing::error!("{e}");
+                        eprintln!("toolrun serve: {e}");
+                        1
+                    }
+                }
+            }
+            Command::Bench(args) => match crate::bench::run(args).await {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("toolrun bench: {e}");
+                    e.exit_code()
+                }
+            },
+            command => match run_client(command).await {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("toolrun: {e}");
+                    e.exit_code()
+                }
+            },
+        }
+    })
+}
+
+async fn serve_until_signal(args: ServeArgs) -> Result<(), crate::serve::ServeError> {
+    let running = crate::serve::start(args).await?;
+    let stop = running.shutdown_token();
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        }
+        stop.cancel();
+    });
+    running.wait().await
+}

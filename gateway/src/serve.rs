@@ -1,0 +1,292 @@
+//! `toolrun serve`: the gRPC gateway and its admin port, with graceful shutdown.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
+use toolrun_proto::v1 as pb;
+
+use crate::admin::{self, AdminState};
+use crate::config::{BackendKind, Config, ConfigError};
+use crate::exec::Executor;
+use crate::grpc::ToolService;
+use crate::metrics::Metrics;
+use crate::registry::RegistryError;
+use crate::sandbox::{Sandbox, SandboxError, SandboxInfo};
+use crate::tools::{SANDBOXED_TOOLS, builtin_registry, inline_registry, run_code::SandboxPool};
+
+/// Settings of `toolrun serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// gRPC listen address (ToolService, grpc.health.v1, reflection).
+    #[arg(long, env = "TOOLRUN_LISTEN", default_value = "127.0.0.1:50051")]
+    pub listen: SocketAddr,
+    /// Admin HTTP listen address (/healthz, /readyz, /metrics).
+    #[arg(long, env = "TOOLRUN_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
+    pub admin_listen: SocketAddr,
+    /// Configuration file (YAML); see `toolrun.example.yaml`.
+    #[arg(long, env = "TOOLRUN_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Largest gRPC message accepted or sent, in bytes.
+    #[arg(long, env = "TOOLRUN_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024)]
+    pub max_message_bytes: usize,
+    /// Concurrent HTTP/2 streams per connection.
+    #[arg(long, env = "TOOLRUN_MAX_CONCURRENT_STREAMS", default_value_t = 1024)]
+    pub max_concurrent_streams: u32,
+    /// On SIGTERM, how long in-flight calls may finish before their sandboxes are killed (ms).
+    #[arg(long, env = "TOOLRUN_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
+    pub drain_timeout_ms: u64,
+    /// Serve only the inline tools, without starting a sandbox backend.
+    #[arg(long, env = "TOOLRUN_NO_SANDBOX")]
+    pub no_sandbox: bool,
+}
+
+impl Default for ServeArgs {
+    fn default() -> Self {
+        ServeArgs {
+            listen: "127.0.0.1:50051".parse().expect("valid"),
+            admin_listen: "127.0.0.1:9090".parse().expect("valid"),
+            config: None,
+            max_message_bytes: 4 * 1024 * 1024,
+            max_concurrent_streams: 1024,
+            drain_timeout_ms: 10_000,
+            no_sandbox: false,
+        }
+    }
+}
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Bad configuration.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The tool registry could not be built.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// The sandbox backend could not start.
+    #[error("sandbox backend: {0}")]
+    Sandbox(#[from] SandboxError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The admin server failed.
+    #[error("admin server: {0}")]
+    Admin(std::io::Error),
+}
+
+/// A running gateway.
+pub struct Running {
+    /// Bound gRPC address.
+    pub grpc_addr: SocketAddr,
+    /// Bound admin address.
+    pub admin_addr: SocketAddr,
+    shutdown: CancellationToken,
+    join: JoinHandle<Result<(), ServeError>>,
+}
+
+impl Running {
+    /// Begins graceful shutdown.
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// A token that begins graceful shutdown when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Waits until the server has stopped.
+    pub async fn wait(self) -> Result<(), ServeError> {
+        match self.join.await {
+            Ok(r) => r,
+            Err(e) => Err(ServeError::Admin(std::io::Error::other(e))),
+        }
+    }
+}
+
+/// Builds the sandbox backend named by the configuration.
+pub fn build_sandbox(config: &Config) -> Result<Arc<dyn Sandbox>, SandboxError> {
+    match config.sandbox.backend {
+        BackendKind::Local => Ok(Arc::new(crate::sandbox::local::LocalSandbox::new(
+            &config.sandbox,
+        )?)),
+    }
+}
+
+/// Builds everything and starts serving; returns once both listeners are bound.
+pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
+    let config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    let metrics = Arc::new(Metrics::new());
+    let (registry, sandbox_info) = if args.no_sandbox {
+        tracing::warn!("--no-sandbox: run_code and code_executor are not served");
+        let registry = inline_registry(&config)?;
+        registry.check_config(&config, SANDBOXED_TOOLS)?;
+        (registry, None)
+    } else {
+        let sandbox = build_sandbox(&config)?;
+        let info = sandbox.info();
+        log_sandbox(&info);
+        let pool = Arc::new(SandboxPool::new(
+            sandbox,
+            config.sandbox.clone(),
+            metrics.clone(),
+        ));
+        (builtin_registry(&config, pool)?, Some(info))
+    };
+    let registry = Arc::new(registry);
+    for e in registry.all() {
+        tracing::info!(
+            tool = e.id(),
+            enabled = e.enabled,
+            timeout_ms = e.timeout.as_millis() as u64,
+            "tool registered"
+        );
+    }
+    let executor = Arc::new(Executor::new(registry, metrics.clone()));
+
+    let grpc_listener =
+        TcpListener::bind(args.listen)
+            .await
+            .map_err(|source| ServeError::Bind {
+                addr: args.listen,
+                source,
+            })?;
+    let grpc_addr = grpc_listener.local_addr().map_err(ServeError::Admin)?;
+    let admin_listener = TcpListener::bind(args.admin_listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: args.admin_listen,
+            source,
+        })?;
+    let admin_addr = admin_listener.local_addr().map_err(ServeError::Admin)?;
+
+    let shutdown = CancellationToken::new();
+    let hard_stop = CancellationToken::new();
+    let admin_state = Arc::new(AdminState {
+        ready: false.into(),
+        metrics,
+        sandbox: sandbox_info,
+        grpc_addr: grpc_addr.to_string(),
+    });
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<pb::tool_service_server::ToolServiceServer<ToolService>>()
+        .await;
+    health
+        .set_service_status("", tonic_health::ServingStatus::Serving)
+        .await;
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .expect("descriptor sets are valid");
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .expect("descriptor sets are valid");
+    let service = ToolService::new(executor, hard_stop.clone()).into_server(args.max_message_bytes);
+
+    // Graceful shutdown: not ready, health NOT_SERVING, stop accepting, let in-flight calls
+    // finish for the drain timeout, then cancel them (which kills their sandboxes).
+    let grpc_stop = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        let grpc_stop = grpc_stop.clone();
+        let hard_stop = hard_stop.clone();
+        let admin_state = admin_state.clone();
+        let drain = Duration::from_millis(args.drain_timeout_ms);
+        tokio::spawn(async move {
+            shutdown.cancelled().await;
+            tracing::info!(drain_ms = drain.as_millis() as u64, "shutdown: draining");
+            admin_state.ready.store(false, Ordering::Release);
+            health
+                .set_service_status("", tonic_health::ServingStatus::NotServing)
+                .await;
+            health
+                .set_not_serving::<pb::tool_service_server::ToolServiceServer<ToolService>>()
+                .await;
+            grpc_stop.cancel();
+            tokio::time::sleep(drain).await;
+            tracing::warn!("shutdown: drain timeout reached, cancelling remaining calls");
+            hard_stop.cancel();
+        });
+    }
+
+    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+    let grpc = tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(oversize_is_resource_exhausted))
+        .max_concurrent_streams(args.max_concurrent_streams)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, grpc_stop.clone().cancelled_owned());
+
+    let admin_router = admin::router(admin_state.clone());
+    let admin_stop = shutdown.clone();
+    let admin = axum::serve(admin_listener, admin_router)
+        .with_graceful_shutdown(async move { admin_stop.cancelled().await });
+
+    admin_state.ready.store(true, Ordering::Release);
+    tracing::info!(grpc = %grpc_addr, admin = %admin_addr, "toolrun serving");
+    let join = tokio::spawn(async move {
+        let (g, a) = tokio::join!(grpc, admin);
+        hard_stop.cancel();
+        g?;
+        a.map_err(ServeError::Admin)?;
+        tracing::info!("toolrun stopped");
+        Ok(())
+    });
+    Ok(Running {
+        grpc_addr,
+        admin_addr,
+        shutdown,
+        join,
+    })
+}
+
+/// tonic answers a message over the size limit with OUT_OF_RANGE; the gRPC spec (and our
+/// contract) says RESOURCE_EXHAUSTED, which clients treat as "too big, do not retry as is".
+fn oversize_is_resource_exhausted<B>(mut resp: http::Response<B>) -> http::Response<B> {
+    let headers = resp.headers_mut();
+    let out_of_range = headers.get("grpc-status").is_some_and(|v| v == "11");
+    let too_large = headers
+        .get("grpc-message")
+        .and_then(|m| m.to_str().ok())
+        .is_some_and(|m| m.contains("length%20too%20large") || m.contains("length too large"));
+    if out_of_range && too_large {
+        headers.insert("grpc-status", http::HeaderValue::from_static("8"));
+    }
+    resp
+}
+
+fn log_sandbox(info: &SandboxInfo) {
+    for m in &info.mechanisms {
+        if m.active {
+            tracing::info!(backend = %info.backend, mechanism = %m.name, "sandbox: {}", m.detail);
+        } else {
+            tracing::warn!(backend = %info.backend, mechanism = %m.name, "sandbox mechanism NOT active: {}", m.detail);
+        }
+    }
+}

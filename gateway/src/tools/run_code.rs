@@ -188,10 +188,12 @@ pub fn record_to_result(r: RunRecord, timeout: Duration) -> Result<RunCodeOutput
         ),
         Verdict::Timeout => (
             ErrorCode::Timeout,
-            detail(format!(
-                "the program timed out after {} ms",
-                timeout.as_millis()
-            )),
+            // The seed's wording ("timed out") first, the runner's reason after.
+            if r.message.is_empty() {
+                format!("timed out after {} ms", timeout.as_millis())
+            } else {
+                format!("timed out: {}", r.message)
+            },
         ),
         Verdict::MemoryLimit => (
             ErrorCode::MemoryLimit,

@@ -150,7 +150,9 @@ pub fn argv(spec: &RunSpec) -> Vec<String> {
         // Everything after `-c CODE` is sys.argv[1:], never an interpreter option.
         Language::Python => v.extend(["-c".into(), spec.code.clone()]),
         // `--` stops node's option parsing: args such as `--version` reach process.argv.
-        Language::Javascript => v.extend(["-e".into(), spec.code.clone(), "--".into()]),
+        // "[eval]" stands where a script path would be, so process.argv.slice(2) are the args
+        // as in `node script.js args`.
+        Language::Javascript => v.extend(["-e".into(), spec.code.clone(), "--".into(), "[eval]".into()]),
         // $0 is "bash", the args are $1...
         Language::Bash => v.extend(["-c".into(), spec.code.clone(), "bash".into()]),
     }

@@ -62,7 +62,9 @@ impl ToolService {
         // The client's gRPC deadline bounds the call too.
         if let Some(deadline) = grpc_timeout(request) {
             if deadline.is_zero() {
-                return Err(Status::deadline_exceeded("the call's deadline had already expired"));
+                return Err(Status::deadline_exceeded(
+                    "the call's deadline had already expired",
+                ));
             }
             let ms = deadline.as_millis().clamp(1, u128::from(u32::MAX)) as u32;
             timeout_ms = if timeout_ms == 0 {

@@ -234,7 +234,9 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
 
     let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let grpc = tonic::transport::Server::builder()
-        .layer(tower::util::MapResponseLayer::new(oversize_is_resource_exhausted))
+        .layer(tower::util::MapResponseLayer::new(
+            oversize_is_resource_exhausted,
+        ))
         .max_concurrent_streams(args.max_concurrent_streams)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(health_service)

@@ -318,7 +318,11 @@ async fn thousands_of_concurrent_calls_all_answered() {
 async fn malformed_protobuf_is_a_status_not_a_crash() {
     let (s, mut client) = server().await;
     // A gRPC frame whose payload is not a valid CallToolRequest.
-    let headers = curl_grpc(s.grpc_addr, &[0xff, 0xff, 0xff, 0xff, 0x0f, 0x0a, 0x80], &[]);
+    let headers = curl_grpc(
+        s.grpc_addr,
+        &[0xff, 0xff, 0xff, 0xff, 0x0f, 0x0a, 0x80],
+        &[],
+    );
     assert!(headers.contains("grpc-status"), "{headers}");
     assert!(!headers.contains("grpc-status: 0"), "{headers}");
     assert!(call_one(&mut client, "echo", "{}").await.ok);

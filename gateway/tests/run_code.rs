@@ -71,7 +71,13 @@ async fn seed_code_executor_table() {
     let (r, out) = call(&mut c, "code_executor", json!({"code": "1/0"})).await;
     assert!(!r.ok);
     assert_eq!(code(&r), "EXECUTION_ERROR");
-    assert!(out["stderr"].as_str().unwrap().contains("ZeroDivisionError"), "{out}");
+    assert!(
+        out["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("ZeroDivisionError"),
+        "{out}"
+    );
     assert_ne!(out["exit_code"], 0);
     // while True: pass -> timed out
     let t = Instant::now();
@@ -89,9 +95,17 @@ async fn seed_code_executor_table() {
     let (r, _) = call(&mut c, "code_executor", json!({"code": "import socket"})).await;
     assert!(r.ok, "{r:?}");
     let probe = "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\n    print('connected')\nexcept OSError as e:\n    print('blocked', e.errno)";
-    let (r, out) = call(&mut c, "run_code", json!({"language": "python", "code": probe})).await;
+    let (r, out) = call(
+        &mut c,
+        "run_code",
+        json!({"language": "python", "code": probe}),
+    )
+    .await;
     assert!(r.ok, "{r:?}");
-    assert!(out["stdout"].as_str().unwrap().starts_with("blocked"), "{out}");
+    assert!(
+        out["stdout"].as_str().unwrap().starts_with("blocked"),
+        "{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,7 +139,10 @@ async fn three_languages_with_args_env_and_stdin() {
     assert!(r.ok, "{r:?}");
     assert_eq!(out["stdout"], "p-q\ngot L\n");
     // The output hash is the BLAKE3 of the canonical output text.
-    assert_eq!(r.output_hash, blake3::hash(r.output_json.as_bytes()).to_hex().to_string());
+    assert_eq!(
+        r.output_hash,
+        blake3::hash(r.output_json.as_bytes()).to_hex().to_string()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -134,12 +151,27 @@ async fn arguments_are_checked_before_anything_runs() {
     let (r, _) = call(&mut c, "run_code", json!({"language": "ruby", "code": "1"})).await;
     assert_eq!(code(&r), "INVALID_ARGUMENTS");
     assert!(r.error.unwrap().message.contains("/language"));
-    let (r, _) = call(&mut c, "run_code", json!({"language": "python", "code": "x".repeat(50_001)})).await;
+    let (r, _) = call(
+        &mut c,
+        "run_code",
+        json!({"language": "python", "code": "x".repeat(50_001)}),
+    )
+    .await;
     assert_eq!(code(&r), "INVALID_ARGUMENTS");
-    let (r, _) = call(&mut c, "run_code", json!({"language": "python", "code": "1", "env": {"BAD-NAME": "x"}})).await;
+    let (r, _) = call(
+        &mut c,
+        "run_code",
+        json!({"language": "python", "code": "1", "env": {"BAD-NAME": "x"}}),
+    )
+    .await;
     assert_eq!(code(&r), "INVALID_ARGUMENTS");
     // Above the configured ceiling (5 s).
-    let (r, _) = call(&mut c, "run_code", json!({"language": "python", "code": "1", "timeout": 6})).await;
+    let (r, _) = call(
+        &mut c,
+        "run_code",
+        json!({"language": "python", "code": "1", "timeout": 6}),
+    )
+    .await;
     assert_eq!(code(&r), "INVALID_ARGUMENTS");
     assert!(r.error.unwrap().message.contains("maximum of 5"));
 }
@@ -174,7 +206,10 @@ async fn stream_tool_delivers_output_before_the_result() {
     assert_eq!(String::from_utf8(stderr).unwrap(), "e\n");
     // The first line arrived while the program was still sleeping.
     let first = first_chunk_at.unwrap();
-    assert!(done_at - first >= Duration::from_millis(700), "first {first:?}, done {done_at:?}");
+    assert!(
+        done_at - first >= Duration::from_millis(700),
+        "first {first:?}, done {done_at:?}"
+    );
 }
 
 fn marker_alive(marker: &str) -> bool {
@@ -200,11 +235,16 @@ async fn client_cancellation_kills_the_run() {
     let mut c2 = c.clone();
     let args = json!({"language": "python", "code": "import time\ntime.sleep(30)", "args": [marker.clone()], "timeout": 30});
     let task = tokio::spawn(async move { c2.call_tool(req("run_code", args)).await });
-    wait_until("the run to start", Duration::from_secs(10), || marker_alive(&marker)).await;
-    task.abort();
-    wait_until("the run to be killed after the client went away", Duration::from_secs(5), || {
-        !marker_alive(&marker)
+    wait_until("the run to start", Duration::from_secs(10), || {
+        marker_alive(&marker)
     })
+    .await;
+    task.abort();
+    wait_until(
+        "the run to be killed after the client went away",
+        Duration::from_secs(5),
+        || !marker_alive(&marker),
+    )
     .await;
 }
 
@@ -213,33 +253,62 @@ async fn excess_runs_queue_within_their_timeout() {
     let (s, c) = gateway("sandbox:\n  max_concurrent_runs: 1\n", 1000).await;
     let mut a = c.clone();
     let first = tokio::spawn(async move {
-        call(&mut a, "run_code", json!({"language": "bash", "code": "sleep 1.5; echo first"})).await
+        call(
+            &mut a,
+            "run_code",
+            json!({"language": "bash", "code": "sleep 1.5; echo first"}),
+        )
+        .await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     // Queued behind the first, then runs.
     let mut b = c.clone();
-    let (r, out) = call(&mut b, "run_code", json!({"language": "bash", "code": "echo second"})).await;
+    let (r, out) = call(
+        &mut b,
+        "run_code",
+        json!({"language": "bash", "code": "echo second"}),
+    )
+    .await;
     assert!(r.ok, "{r:?}");
     assert_eq!(out["stdout"], "second\n");
     assert!(first.await.unwrap().0.ok);
     // A call whose whole budget passes in the queue times out without running.
     let mut a = c.clone();
     let blocker = tokio::spawn(async move {
-        call(&mut a, "run_code", json!({"language": "bash", "code": "sleep 2"})).await
+        call(
+            &mut a,
+            "run_code",
+            json!({"language": "bash", "code": "sleep 2"}),
+        )
+        .await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut r = req("run_code", json!({"language": "bash", "code": "echo never"}));
+    let mut r = req(
+        "run_code",
+        json!({"language": "bash", "code": "echo never"}),
+    );
     r.timeout_ms = 500;
     let res = b.call_tool(r).await.unwrap().into_inner().result.unwrap();
     assert_eq!(code(&res), "TIMEOUT", "{res:?}");
-    assert!(res.error.unwrap().message.contains("waiting for a free sandbox"));
+    assert!(
+        res.error
+            .unwrap()
+            .message
+            .contains("waiting for a free sandbox")
+    );
     assert!(blocker.await.unwrap().0.ok);
     let metrics = reqwest_like(&format!("http://{}/metrics", s.admin_addr));
-    assert!(metrics.contains("toolrun_sandbox_runs_total{verdict=\"OK\"}"), "{metrics}");
+    assert!(
+        metrics.contains("toolrun_sandbox_runs_total{verdict=\"OK\"}"),
+        "{metrics}"
+    );
 }
 
 fn reqwest_like(url: &str) -> String {
-    let out = std::process::Command::new("curl").args(["-s", url]).output().unwrap();
+    let out = std::process::Command::new("curl")
+        .args(["-s", url])
+        .output()
+        .unwrap();
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -248,11 +317,21 @@ async fn shutdown_drains_then_cancels() {
     let (s, c) = gateway("{}", 1500).await;
     let mut a = c.clone();
     let short = tokio::spawn(async move {
-        call(&mut a, "run_code", json!({"language": "bash", "code": "sleep 0.5; echo done"})).await
+        call(
+            &mut a,
+            "run_code",
+            json!({"language": "bash", "code": "sleep 0.5; echo done"}),
+        )
+        .await
     });
     let mut b = c.clone();
     let long = tokio::spawn(async move {
-        call(&mut b, "run_code", json!({"language": "bash", "code": "sleep 20", "timeout": 25})).await
+        call(
+            &mut b,
+            "run_code",
+            json!({"language": "bash", "code": "sleep 20", "timeout": 25}),
+        )
+        .await
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
     let t = Instant::now();

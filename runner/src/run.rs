@@ -152,7 +152,9 @@ pub fn argv(spec: &RunSpec) -> Vec<String> {
         // `--` stops node's option parsing: args such as `--version` reach process.argv.
         // "[eval]" stands where a script path would be, so process.argv.slice(2) are the args
         // as in `node script.js args`.
-        Language::Javascript => v.extend(["-e".into(), spec.code.clone(), "--".into(), "[eval]".into()]),
+        Language::Javascript => {
+            v.extend(["-e".into(), spec.code.clone(), "--".into(), "[eval]".into()])
+        }
         // $0 is "bash", the args are $1...
         Language::Bash => v.extend(["-c".into(), spec.code.clone(), "bash".into()]),
     }

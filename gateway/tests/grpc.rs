@@ -449,3 +449,10 @@ fn curl_grpc(addr: std::net::SocketAddr, payload: &[u8], extra_headers: &[&str])
     let out = child.wait_with_output().unwrap();
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+#[test]
+fn example_config_is_valid_and_matches_the_defaults() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../toolrun.example.yaml");
+    let config = toolrun::config::Config::load(std::path::Path::new(path)).expect("example loads");
+    assert_eq!(config.sandbox, toolrun::config::SandboxConfig::default());
+}

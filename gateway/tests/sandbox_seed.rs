@@ -49,7 +49,7 @@ async fn import_socket_works_but_nothing_is_reachable() {
 async fn javascript_and_bash_run_with_args() {
     let mut run = spec(
         Language::Javascript,
-        "console.log(process.argv.slice(1).join(','))",
+        "console.log(process.argv.slice(2).join(','))",
         3_000,
     );
     run.spec.args = vec!["--version".into(), "b".into()];

@@ -421,17 +421,25 @@ fn native_json(t: &pb::ToolDefinition) -> Value {
     })
 }
 
-/// Initialises logging to stderr.
-pub fn init_logging(format: LogFormat) {
+/// Initialises logging to stderr. Lines are written by a background thread, so a call's
+/// audit event never waits on the terminal or a log pipe; the buffer is not lossy (audit
+/// events are never dropped; a stuck reader slows callers instead). Keep the guard alive
+/// until exit: dropping it flushes.
+pub fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLRUN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .lossy(false)
+        .finish(std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(writer);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),
     }
+    guard
 }
 
 /// The whole program: parses arguments, runs the command, returns the exit code.
@@ -447,7 +455,7 @@ pub fn main() -> i32 {
     runtime.block_on(async move {
         match cli.command {
             Command::Serve(args) => {
-                init_logging(cli.log_format);
+                let _log_guard = init_logging(cli.log_format);
                 match serve_until_signal(args).await {
                     Ok(()) => 0,
                     Err(e) => {

@@ -501,13 +501,12 @@ impl Inner {
                     _ => Err(SandboxError::Setup("sandbox pipes missing".into())),
                 };
                 let _ = started_tx.send(spawned);
-                let status = child.wait().map(|s| s.reason);
+                let _ = status_tx.send(child.wait().map(|s| s.reason));
                 // The setup process is gone, so is the mount namespace: only the mount
                 // points are left.
                 if let Err(e) = std::fs::remove_dir_all(&root) {
                     tracing::warn!(root = ?root, error = %e, "cannot remove a sandbox root");
                 }
-                let _ = status_tx.send(status);
             })?;
         Ok(started_rx)
     }
@@ -871,16 +870,21 @@ impl Sandbox for LocalSandbox {
         };
         let cg_final = guard.cg.take();
         guard.done = true;
-        let memory = tokio::task::spawn_blocking(move || {
-            let events = cg_final
-                .as_ref()
-                .map(|c| c.memory_events())
-                .unwrap_or_default();
-            RunGuard::cleanup_blocking(cg_final);
-            events
-        })
-        .await
-        .unwrap_or_default();
+        let memory = cg_final
+            .as_ref()
+            .map(|c| c.memory_events())
+            .unwrap_or_default();
+        if status.is_some() {
+            // Every process of the run is gone (the setup process was the last): removing
+            // the empty groups is bookkeeping, off the call's path.
+            let _ = std::thread::Builder::new()
+                .name("sandbox-cleanup".into())
+                .spawn(move || RunGuard::cleanup_blocking(cg_final));
+        } else {
+            tokio::task::spawn_blocking(move || RunGuard::cleanup_blocking(cg_final))
+                .await
+                .map_err(|e| SandboxError::Setup(format!("cleanup task: {e}")))?;
+        }
 
         let elapsed = started.elapsed().as_millis() as u64;
         let synth = |verdict: Verdict, timed_out: bool, message: String| RunRecord {

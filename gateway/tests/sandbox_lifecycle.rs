@@ -214,3 +214,24 @@ async fn concurrent_runs_all_complete() {
         );
     }
 }
+
+#[test]
+fn host_configuration_cannot_be_mounted() {
+    for bad in [
+        "/",
+        "/etc",
+        "/etc/ssl",
+        "/root",
+        "/home/user",
+        "relative/usr",
+    ] {
+        let config = SandboxConfig {
+            readonly_paths: vec!["/usr".into(), bad.into()],
+            ..SandboxConfig::default()
+        };
+        let err = LocalSandbox::new(&config)
+            .err()
+            .unwrap_or_else(|| panic!("{bad} accepted"));
+        assert!(err.to_string().contains("readonly_paths"), "{err}");
+    }
+}

@@ -103,9 +103,17 @@ impl LocalSandbox {
         let runner = resolve_runner(config)?;
         let mut paths = Vec::new();
         for p in &config.readonly_paths {
-            if !p.is_absolute() || p == Path::new("/") {
+            // Runtime files only: never the whole root, host configuration and secrets
+            // (/etc holds shadow, keys, credentials), homes, or kernel and runtime state.
+            let forbidden = [
+                "/etc", "/root", "/home", "/proc", "/sys", "/dev", "/run", "/tmp",
+            ];
+            if !p.is_absolute() || p == Path::new("/") || forbidden.iter().any(|f| p.starts_with(f))
+            {
                 return Err(SandboxError::Setup(format!(
-                    "sandbox.readonly_paths: {p:?} must be an absolute path other than /"
+                    "sandbox.readonly_paths: {p:?} is not allowed (absolute runtime paths only; \
+                     not /, {})",
+                    forbidden.join(", ")
                 )));
             }
             if let Some(hp) = host_path(p, p) {
@@ -248,8 +256,12 @@ impl LocalSandbox {
         let mut inner = inner;
         inner.info.mechanisms = mechanisms;
 
-        for m in inner.info.mechanisms.iter().filter(|m| !m.active) {
-            tracing::warn!(mechanism = %m.name, detail = %m.detail, "sandbox mechanism inactive");
+        for m in &inner.info.mechanisms {
+            if m.active {
+                tracing::info!(mechanism = %m.name, detail = %m.detail, "sandbox mechanism active");
+            } else {
+                tracing::warn!(mechanism = %m.name, detail = %m.detail, "sandbox mechanism inactive");
+            }
         }
         if !missing.is_empty() {
             if config.require_full_isolation {

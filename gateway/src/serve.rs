@@ -18,7 +18,7 @@ use crate::exec::Executor;
 use crate::grpc::ToolService;
 use crate::metrics::Metrics;
 use crate::registry::RegistryError;
-use crate::sandbox::{Sandbox, SandboxError, SandboxInfo};
+use crate::sandbox::{Sandbox, SandboxError};
 use crate::tools::{SANDBOXED_TOOLS, builtin_registry, inline_registry, run_code::SandboxPool};
 
 /// Settings of `toolrun serve`.
@@ -142,8 +142,8 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         (registry, None)
     } else {
         let sandbox = build_sandbox(&config)?;
+        // LocalSandbox::new logs each mechanism, active or not.
         let info = sandbox.info();
-        log_sandbox(&info);
         let pool = Arc::new(SandboxPool::new(
             sandbox,
             config.sandbox.clone(),
@@ -281,14 +281,4 @@ fn oversize_is_resource_exhausted<B>(mut resp: http::Response<B>) -> http::Respo
         headers.insert("grpc-status", http::HeaderValue::from_static("8"));
     }
     resp
-}
-
-fn log_sandbox(info: &SandboxInfo) {
-    for m in &info.mechanisms {
-        if m.active {
-            tracing::info!(backend = %info.backend, mechanism = %m.name, "sandbox: {}", m.detail);
-        } else {
-            tracing::warn!(backend = %info.backend, mechanism = %m.name, "sandbox mechanism NOT active: {}", m.detail);
-        }
-    }
 }

@@ -2,11 +2,15 @@
 //! `python3 -c 'print(1)'`, in the same run. Needs root (like the sandbox tests).
 //!
 //! Run: `cargo bench -p toolrun --bench sandbox -- --warm-up-time 2 --measurement-time 10`
-//! (criterion prints the mean; the estimates in `target/criterion/*/new/estimates.json`
-//! include the median, the p50 quoted in the README).
+//! (criterion prints the mean; `target/criterion/python_print_1/*/new/estimates.json` hold
+//! the medians). `bare_python3` and `local_sandbox` are back-to-back loops (the sandbox
+//! loop also prepares each next sandbox while a run executes); `overhead_interleaved`
+//! alternates one bare run and one sandboxed run and measures their difference, the
+//! latency a single call adds.
 
 use std::collections::BTreeMap;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use tokio_util::sync::CancellationToken;
@@ -63,6 +67,7 @@ fn bench(c: &mut Criterion) {
             assert_eq!(out.stdout, b"1\n");
         })
     });
+    let sandbox = &sandbox;
     group.bench_function("local_sandbox", |b| {
         b.to_async(&rt).iter(|| async {
             let rec = sandbox
@@ -70,6 +75,31 @@ fn bench(c: &mut Criterion) {
                 .await
                 .unwrap();
             assert_eq!((rec.verdict, rec.stdout.as_str()), (Verdict::Ok, "1\n"));
+        })
+    });
+    // The two above run one after the other, so a load change on a shared machine skews
+    // their difference; this one alternates them and measures the difference directly
+    // (a sample where the sandbox was not slower counts as 1 µs, so it errs high).
+    group.bench_function("overhead_interleaved", |b| {
+        b.to_async(&rt).iter_custom(|iters| async move {
+            let mut overhead = Duration::ZERO;
+            for _ in 0..iters {
+                let t = Instant::now();
+                let out = Command::new(PYTHON)
+                    .args(["-c", "print(1)"])
+                    .output()
+                    .unwrap();
+                let bare = t.elapsed();
+                assert_eq!(out.stdout, b"1\n");
+                let t = Instant::now();
+                let rec = sandbox
+                    .run(print_one(), None, CancellationToken::new())
+                    .await
+                    .unwrap();
+                overhead += t.elapsed().saturating_sub(bare);
+                assert_eq!(rec.verdict, Verdict::Ok);
+            }
+            overhead.max(Duration::from_micros(1))
         })
     });
     group.finish();

@@ -1,0 +1,391 @@
+//! The `ToolRun` custom resource: `toolrun.dev/v1alpha1`, kind `ToolRun`, short name `tr`.
+//!
+//! A ToolRun is one execution of untrusted code. The gateway (or anyone with `kubectl`)
+//! creates it; the operator turns it into a locked-down pod and writes the runner's record
+//! into its status. This crate is only the shape of the resource, shared by both sides; it
+//! knows nothing of clients, controllers or servers.
+//!
+//! The CRD is generated from these types (`cargo run -p toolrun-crd --bin crdgen >
+//! deploy/crds/toolrun.dev_toolruns.yaml`); a test fails when the committed YAML drifts.
+//!
+//! What the API server enforces (schema bounds and CEL, see [`ToolRunSpec`]):
+//! - every limit is positive and bounded; code, stdin, args and env are size-bounded, so
+//!   a ToolRun with its status always fits in one etcd object;
+//! - env names are identifiers;
+//! - the spec is immutable once created, except `cancel`, which can only go false -> true;
+//! - the name is at most 63 characters, so it is a valid label value and pod hostname.
+//!
+//! There is deliberately no field that could ask for privileges, host paths, host
+//! namespaces, capabilities, volumes, a service account or a node: the pod's security
+//! context is the operator's alone.
+
+pub mod labels;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, CustomResourceExt, KubeSchema};
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
+use serde::{Deserialize, Serialize};
+
+/// API group of the resource.
+pub const GROUP: &str = "toolrun.dev";
+/// API version of the resource.
+pub const VERSION: &str = "v1alpha1";
+/// Largest `spec.code`, in characters.
+pub const MAX_CODE_CHARS: u32 = 50_000;
+/// Largest `spec.stdin`, in characters. With code and the status's two output streams
+/// this keeps a ToolRun well under etcd's 1.5 MiB object limit.
+pub const MAX_STDIN_CHARS: u32 = 65_536;
+/// Largest `spec.limits.outputBytes`: each stream is copied into the status, so this
+/// bounds the status size too.
+pub const MAX_OUTPUT_BYTES: u32 = 262_144;
+/// Largest `spec.limits.timeoutSeconds` (one hour).
+pub const MAX_TIMEOUT_SECONDS: u32 = 3_600;
+
+/// The spec is immutable except `cancel`. One rule on the whole spec, rather than
+/// `self == oldSelf` on each field, because a field-level transition rule is skipped
+/// when the field is added or removed; here each optional field must also keep its
+/// presence.
+const SPEC_IMMUTABLE: &str = concat!(
+    "self.tool == oldSelf.tool && self.callId == oldSelf.callId",
+    " && self.language == oldSelf.language && self.code == oldSelf.code",
+    " && has(self.args) == has(oldSelf.args) && (!has(self.args) || self.args == oldSelf.args)",
+    " && has(self.env) == has(oldSelf.env) && (!has(self.env) || self.env == oldSelf.env)",
+    " && has(self.stdin) == has(oldSelf.stdin) && (!has(self.stdin) || self.stdin == oldSelf.stdin)",
+    " && has(self.limits) == has(oldSelf.limits) && (!has(self.limits) || self.limits == oldSelf.limits)",
+    " && has(self.ttlSecondsAfterFinished) == has(oldSelf.ttlSecondsAfterFinished)",
+    " && (!has(self.ttlSecondsAfterFinished) || self.ttlSecondsAfterFinished == oldSelf.ttlSecondsAfterFinished)",
+    " && has(self.runtimeClassName) == has(oldSelf.runtimeClassName)",
+    " && (!has(self.runtimeClassName) || self.runtimeClassName == oldSelf.runtimeClassName)",
+);
+/// Cancelling is one-way: a cancelled run cannot be resumed.
+const CANCEL_ONE_WAY: &str =
+    "!has(oldSelf.cancel) || !oldSelf.cancel || (has(self.cancel) && self.cancel)";
+/// The name doubles as the `toolrun.dev/run` label value, which is at most 63 characters.
+const NAME_IS_LABEL: &str = "self.metadata.name.size() <= 63";
+
+/// One execution of untrusted code in a sandbox pod.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[kube(
+    group = "toolrun.dev",
+    version = "v1alpha1",
+    kind = "ToolRun",
+    plural = "toolruns",
+    shortname = "tr",
+    namespaced,
+    status = "ToolRunStatus",
+    derive = "PartialEq",
+    doc = "One execution of untrusted code, run by the toolrun operator in a locked-down pod.",
+    validation = Rule::new(NAME_IS_LABEL).message("metadata.name must be at most 63 characters"),
+    printcolumn(name = "Tool", type_ = "string", json_path = ".spec.tool"),
+    printcolumn(name = "Language", type_ = "string", json_path = ".spec.language"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Verdict", type_ = "string", json_path = ".status.verdict"),
+    printcolumn(name = "Exit", type_ = "integer", json_path = ".status.exitCode"),
+    printcolumn(
+        name = "Duration(ms)",
+        type_ = "integer",
+        description = "Wall-clock duration of the program, in milliseconds",
+        json_path = ".status.durationMs"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[x_kube(
+    validation = Rule::new(SPEC_IMMUTABLE).message("spec is immutable except cancel"),
+    validation = Rule::new(CANCEL_ONE_WAY).message("cancel cannot be undone")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolRunSpec {
+    /// Name of the tool that asked for this run (e.g. `run_code`).
+    #[schemars(length(min = 1, max = 128))]
+    pub tool: String,
+    /// The caller's call id (copied, sanitised, into the `toolrun.dev/call-id` label).
+    #[schemars(length(min = 1, max = 256))]
+    pub call_id: String,
+    /// Interpreter language.
+    pub language: Language,
+    /// Program source. It reaches the pod only inside the run's ConfigMap, never on a
+    /// command line.
+    #[schemars(length(min = 1, max = MAX_CODE_CHARS))]
+    pub code: String,
+    /// Arguments passed to the program.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 1024)))]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub args: Vec<String>,
+    /// Environment variables added to the operator's base environment (PATH, HOME, LANG).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub env: Vec<EnvVar>,
+    /// Text written to the program's stdin, which is then closed.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = MAX_STDIN_CHARS))]
+    pub stdin: String,
+    /// Resource limits; each one left out takes the operator's default.
+    #[serde(default, skip_serializing_if = "Limits::is_empty")]
+    pub limits: Limits,
+    /// Seconds after the run finishes before the ToolRun (with its pod and ConfigMap) is
+    /// deleted; unset takes the operator's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 604_800))]
+    pub ttl_seconds_after_finished: Option<u32>,
+    /// RuntimeClass for the pod (e.g. `gvisor`); the operator accepts only classes its
+    /// configuration allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub runtime_class_name: Option<String>,
+    /// Set to true to stop the run. The only field that may change after creation.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub cancel: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// An interpreter language.
+#[derive(Serialize, Deserialize, JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[serde(rename_all = "lowercase")]
+pub enum Language {
+    // Variants carry no doc comments: schemars would turn them into a `oneOf`, which is
+    // not a structural schema. The names are the runner's.
+    Python,
+    Javascript,
+    Bash,
+}
+
+impl From<Language> for toolrun_runner::Language {
+    fn from(l: Language) -> Self {
+        match l {
+            Language::Python => toolrun_runner::Language::Python,
+            Language::Javascript => toolrun_runner::Language::Javascript,
+            Language::Bash => toolrun_runner::Language::Bash,
+        }
+    }
+}
+
+impl From<toolrun_runner::Language> for Language {
+    fn from(l: toolrun_runner::Language) -> Self {
+        match l {
+            toolrun_runner::Language::Python => Language::Python,
+            toolrun_runner::Language::Javascript => Language::Javascript,
+            toolrun_runner::Language::Bash => Language::Bash,
+        }
+    }
+}
+
+/// One environment variable of the program.
+#[derive(Serialize, Deserialize, JsonSchema, Debug, Clone, PartialEq, Eq)]
+pub struct EnvVar {
+    /// Variable name: a C identifier.
+    #[schemars(
+        length(min = 1, max = 128),
+        regex(pattern = r"^[A-Za-z_][A-Za-z0-9_]*$")
+    )]
+    pub name: String,
+    /// Value.
+    #[serde(default)]
+    #[schemars(length(max = 1024))]
+    pub value: String,
+}
+
+/// Resource limits of one run. All are positive; an unset one takes the operator's
+/// default, and the operator refuses values above its configured maximum.
+#[derive(Serialize, Deserialize, JsonSchema, Debug, Clone, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Limits {
+    /// Wall-clock limit of the program, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_TIMEOUT_SECONDS))]
+    pub timeout_seconds: Option<u32>,
+    /// Memory of the pod in MiB (requests = limits), /tmp included (it is in memory).
+    #[serde(default, rename = "memoryMiB", skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 16, max = 65_536))]
+    pub memory_mib: Option<u32>,
+    /// CPU of the pod in millicores (requests = limits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 10, max = 64_000))]
+    pub cpu_millis: Option<u32>,
+    /// Most processes (and threads) the program may have at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 32_768))]
+    pub processes: Option<u32>,
+    /// Bytes kept of each of stdout and stderr; past this the program is stopped with
+    /// OUTPUT_LIMIT.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = MAX_OUTPUT_BYTES))]
+    pub output_bytes: Option<u32>,
+}
+
+impl Limits {
+    /// No limit is set.
+    pub fn is_empty(&self) -> bool {
+        *self == Limits::default()
+    }
+}
+
+/// What the operator observed of a run.
+#[derive(Serialize, Deserialize, JsonSchema, Debug, Clone, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ToolRunStatus {
+    /// Pending (no result yet, pod not running), Running, Succeeded (verdict OK) or Failed
+    /// (any other verdict).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// How the run ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verdict: Option<Verdict>,
+    /// Why the verdict is not OK (e.g. `image not found`, `unschedulable`, the runner's
+    /// message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Exit status of the program; 128 + signal number for a signal death.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Captured stdout, at most `limits.outputBytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<String>,
+    /// Captured stderr, at most `limits.outputBytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<String>,
+    /// stdout was cut at the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout_truncated: Option<bool>,
+    /// stderr was cut at the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_truncated: Option<bool>,
+    /// When the pod started running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
+    pub start_time: Option<Time>,
+    /// When the result was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
+    pub completion_time: Option<Time>,
+    /// Wall-clock duration of the program, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<u64>,
+    /// The pod that ran (or runs) the program.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    /// Standard conditions (e.g. `Ready` = the result is recorded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// Lifecycle phase of a ToolRun.
+#[derive(Serialize, Deserialize, JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    // No doc comments on variants (structural schema); see [`ToolRunStatus::phase`].
+    Pending,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl Phase {
+    /// The run is over and its status will not change again.
+    pub fn is_finished(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed)
+    }
+
+    /// The phase of a run that ended with `verdict`.
+    pub fn finished_with(verdict: Verdict) -> Phase {
+        if verdict == Verdict::Ok {
+            Phase::Succeeded
+        } else {
+            Phase::Failed
+        }
+    }
+}
+
+/// How a run ended; the runner's verdicts, as on the wire.
+#[derive(Serialize, Deserialize, JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Verdict {
+    // Meanings: see toolrun_runner::Verdict (no doc comments here: structural schema).
+    Ok,
+    RuntimeError,
+    Timeout,
+    MemoryLimit,
+    OutputLimit,
+    Cancelled,
+    InfraError,
+}
+
+impl Verdict {
+    /// SCREAMING_SNAKE_CASE name, as on the wire.
+    pub fn as_str(self) -> &'static str {
+        toolrun_runner::Verdict::from(self).as_str()
+    }
+}
+
+impl From<toolrun_runner::Verdict> for Verdict {
+    fn from(v: toolrun_runner::Verdict) -> Self {
+        use toolrun_runner::Verdict as R;
+        match v {
+            R::Ok => Verdict::Ok,
+            R::RuntimeError => Verdict::RuntimeError,
+            R::Timeout => Verdict::Timeout,
+            R::MemoryLimit => Verdict::MemoryLimit,
+            R::OutputLimit => Verdict::OutputLimit,
+            R::Cancelled => Verdict::Cancelled,
+            R::InfraError => Verdict::InfraError,
+        }
+    }
+}
+
+impl From<Verdict> for toolrun_runner::Verdict {
+    fn from(v: Verdict) -> Self {
+        use toolrun_runner::Verdict as R;
+        match v {
+            Verdict::Ok => R::Ok,
+            Verdict::RuntimeError => R::RuntimeError,
+            Verdict::Timeout => R::Timeout,
+            Verdict::MemoryLimit => R::MemoryLimit,
+            Verdict::OutputLimit => R::OutputLimit,
+            Verdict::Cancelled => R::Cancelled,
+            Verdict::InfraError => R::InfraError,
+        }
+    }
+}
+
+fn time_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({ "type": "string", "format": "date-time" })
+}
+
+/// `metav1.Condition`, as the API server's own types describe it.
+fn conditions_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "array",
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"],
+        "items": {
+            "type": "object",
+            "required": ["type", "status", "lastTransitionTime", "reason", "message"],
+            "properties": {
+                "type": { "type": "string", "maxLength": 316 },
+                "status": { "type": "string", "enum": ["True", "False", "Unknown"] },
+                "observedGeneration": { "type": "integer", "format": "int64", "minimum": 0 },
+                "lastTransitionTime": { "type": "string", "format": "date-time" },
+                "reason": { "type": "string", "maxLength": 1024 },
+                "message": { "type": "string", "maxLength": 32768 }
+            }
+        }
+    })
+}
+
+/// The CRD as YAML, as committed in `deploy/crds/toolrun.dev_toolruns.yaml`.
+pub fn crd_yaml() -> Result<String, serde_yaml_ng::Error> {
+    serde_yaml_ng::to_string(&ToolRun::crd())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,423 @@
+use std::path::Path;
+
+use kube::CustomResourceExt;
+use serde_json::{Value, json};
+
+use super::*;
+
+const COMMITTED_CRD: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../deploy/crds/toolrun.dev_toolruns.yaml"
+);
+
+fn crd_json() -> Value {
+    serde_json::to_value(ToolRun::crd()).unwrap()
+}
+
+fn version() -> Value {
+    let crd = crd_json();
+    let versions = crd["spec"]["versions"].as_array().unwrap().clone();
+    assert_eq!(versions.len(), 1);
+    versions[0].clone()
+}
+
+fn spec_schema() -> Value {
+    version()["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
+}
+
+#[test]
+fn committed_crd_matches_the_types() {
+    let text = std::fs::read_to_string(Path::new(COMMITTED_CRD)).unwrap_or_else(|e| {
+        panic!("cannot read {COMMITTED_CRD}: {e}; generate it with `cargo run -p toolrun-crd --bin crdgen > deploy/crds/toolrun.dev_toolruns.yaml`")
+    });
+    let committed: Value = serde_yaml_ng::from_str(&text).unwrap();
+    assert!(
+        committed == crd_json(),
+        "deploy/crds/toolrun.dev_toolruns.yaml is out of date with the ToolRun types; \
+         regenerate it: cargo run -p toolrun-crd --bin crdgen > deploy/crds/toolrun.dev_toolruns.yaml"
+    );
+}
+
+#[test]
+fn names_scope_and_subresources() {
+    let crd = crd_json();
+    assert_eq!(crd["metadata"]["name"], "toolruns.toolrun.dev");
+    assert_eq!(crd["spec"]["group"], GROUP);
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    let names = &crd["spec"]["names"];
+    assert_eq!(names["kind"], "ToolRun");
+    assert_eq!(names["plural"], "toolruns");
+    assert_eq!(names["singular"], "toolrun");
+    assert_eq!(names["shortNames"], json!(["tr"]));
+    let v = version();
+    assert_eq!(v["name"], VERSION);
+    assert_eq!(v["served"], true);
+    assert_eq!(v["storage"], true);
+    assert_eq!(v["subresources"]["status"], json!({}));
+}
+
+#[test]
+fn printer_columns() {
+    let columns: Vec<(String, String, String)> = version()["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["type"].as_str().unwrap().to_string(),
+                c["jsonPath"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let expected = [
+        ("Tool", "string", ".spec.tool"),
+        ("Language", "string", ".spec.language"),
+        ("Phase", "string", ".status.phase"),
+        ("Verdict", "string", ".status.verdict"),
+        ("Exit", "integer", ".status.exitCode"),
+        ("Duration(ms)", "integer", ".status.durationMs"),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    ];
+    let expected: Vec<(String, String, String)> = expected
+        .iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect();
+    assert_eq!(columns, expected);
+}
+
+/// Every property name anywhere in the schema.
+fn property_names(schema: &Value, out: &mut Vec<String>) {
+    match schema {
+        Value::Object(map) => {
+            if let Some(Value::Object(props)) = map.get("properties") {
+                out.extend(props.keys().cloned());
+            }
+            for v in map.values() {
+                property_names(v, out);
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|v| property_names(v, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn nothing_in_the_resource_can_ask_for_privileges_or_host_access() {
+    let mut names = Vec::new();
+    property_names(&version()["schema"]["openAPIV3Schema"], &mut names);
+    let forbidden = [
+        "hostPath",
+        "privileged",
+        "hostNetwork",
+        "hostPID",
+        "hostIPC",
+        "hostUsers",
+        "capabilities",
+        "securityContext",
+        "allowPrivilegeEscalation",
+        "volumes",
+        "volumeMounts",
+        "serviceAccountName",
+        "nodeName",
+        "image",
+        "command",
+    ];
+    for f in forbidden {
+        assert!(
+            !names.iter().any(|n| n.eq_ignore_ascii_case(f)),
+            "the ToolRun schema has a `{f}` field"
+        );
+    }
+    // The spec's fields, exactly: a new one must be added here on purpose.
+    let spec = spec_schema();
+    let spec_fields: Vec<&str> = spec["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        spec_fields,
+        [
+            "args",
+            "callId",
+            "cancel",
+            "code",
+            "env",
+            "language",
+            "limits",
+            "runtimeClassName",
+            "stdin",
+            "tool",
+            "ttlSecondsAfterFinished",
+        ]
+    );
+}
+
+/// Walks every schema node: no free-form objects anywhere (structural, nothing unknown
+/// is preserved), and every object lists its properties.
+fn assert_structural(path: &str, schema: &Value) {
+    let map = schema.as_object().unwrap();
+    assert!(
+        !map.contains_key("x-kubernetes-preserve-unknown-fields"),
+        "{path} preserves unknown fields"
+    );
+    assert!(
+        !map.contains_key("additionalProperties"),
+        "{path} is a free-form map"
+    );
+    for key in ["oneOf", "anyOf", "allOf", "not", "$ref"] {
+        assert!(!map.contains_key(key), "{path} uses {key}");
+    }
+    match map.get("type").and_then(Value::as_str) {
+        Some("object") => {
+            let props = map
+                .get("properties")
+                .and_then(Value::as_object)
+                .unwrap_or_else(|| panic!("{path} is an object without properties"));
+            for (name, sub) in props {
+                assert_structural(&format!("{path}.{name}"), sub);
+            }
+        }
+        Some("array") => assert_structural(&format!("{path}[]"), &map["items"]),
+        Some(_) => {}
+        None => panic!("{path} has no type"),
+    }
+}
+
+#[test]
+fn schema_is_structural_and_closed() {
+    let root = &version()["schema"]["openAPIV3Schema"];
+    for part in ["spec", "status"] {
+        assert_structural(part, &root["properties"][part]);
+    }
+}
+
+fn rules(schema: &Value) -> Vec<String> {
+    schema["x-kubernetes-validations"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| r["rule"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn cel_rules_are_in_place() {
+    let spec_rules = rules(&spec_schema());
+    assert_eq!(spec_rules, [SPEC_IMMUTABLE, CANCEL_ONE_WAY]);
+    // Every spec field but `cancel` is covered by the immutability rule.
+    for field in spec_schema()["properties"].as_object().unwrap().keys() {
+        if field != "cancel" {
+            assert!(
+                SPEC_IMMUTABLE.contains(&format!("self.{field} == oldSelf.{field}")),
+                "spec.{field} is not immutable"
+            );
+        }
+    }
+    assert!(!SPEC_IMMUTABLE.contains("cancel"));
+    let root_rules = rules(&version()["schema"]["openAPIV3Schema"]);
+    assert_eq!(root_rules, [NAME_IS_LABEL]);
+}
+
+/// The API server's schema validation (bounds, patterns, enums), applied to a spec.
+fn validate_spec(spec: &Value) -> Result<(), String> {
+    // Kubernetes' `nullable` and x-kubernetes-* keywords are not JSON Schema; a
+    // validator ignores unknown keywords.
+    let schema = spec_schema();
+    let validator = jsonschema::validator_for(&schema).map_err(|e| e.to_string())?;
+    let errors: Vec<String> = validator.iter_errors(spec).map(|e| e.to_string()).collect();
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}
+
+fn good_spec() -> Value {
+    json!({
+        "tool": "run_code",
+        "callId": "call-1",
+        "language": "python",
+        "code": "print(1)",
+        "args": ["a", "b"],
+        "env": [{"name": "FOO_1", "value": "bar"}, {"name": "_X"}],
+        "stdin": "input",
+        "limits": {"timeoutSeconds": 10, "memoryMiB": 256, "cpuMillis": 500, "processes": 64, "outputBytes": 65536},
+        "ttlSecondsAfterFinished": 0,
+        "runtimeClassName": "gvisor",
+        "cancel": false
+    })
+}
+
+fn with(mut spec: Value, pointer: &str, value: Value) -> Value {
+    *spec.pointer_mut(pointer).unwrap() = value;
+    spec
+}
+
+#[test]
+fn schema_accepts_a_sensible_spec() {
+    validate_spec(&good_spec()).unwrap();
+    // And the smallest one.
+    validate_spec(&json!({"tool": "run_code", "callId": "c", "language": "bash", "code": "true"}))
+        .unwrap();
+    // Round trip through the Rust type.
+    let spec: ToolRunSpec = serde_json::from_value(good_spec()).unwrap();
+    assert_eq!(spec.limits.memory_mib, Some(256));
+    assert_eq!(spec.env[1].value, "");
+    let back = serde_json::to_value(&spec).unwrap();
+    assert_eq!(back["limits"], good_spec()["limits"]);
+    assert_eq!(back["env"][1], json!({"name": "_X", "value": ""}));
+}
+
+#[test]
+fn schema_rejects_nonsense() {
+    let cases = [
+        ("/limits/timeoutSeconds", json!(0)),
+        ("/limits/timeoutSeconds", json!(-1)),
+        ("/limits/timeoutSeconds", json!(MAX_TIMEOUT_SECONDS + 1)),
+        ("/limits/memoryMiB", json!(0)),
+        ("/limits/memoryMiB", json!(-256)),
+        ("/limits/cpuMillis", json!(0)),
+        ("/limits/processes", json!(0)),
+        ("/limits/processes", json!(-5)),
+        ("/limits/outputBytes", json!(0)),
+        ("/limits/outputBytes", json!(MAX_OUTPUT_BYTES + 1)),
+        ("/ttlSecondsAfterFinished", json!(-1)),
+        ("/code", json!("")),
+        ("/code", json!("x".repeat(MAX_CODE_CHARS as usize + 1))),
+        ("/stdin", json!("x".repeat(MAX_STDIN_CHARS as usize + 1))),
+        ("/language", json!("ruby")),
+        ("/language", json!("Python")),
+        ("/env/0/name", json!("1ABC")),
+        ("/env/0/name", json!("A-B")),
+        ("/env/0/name", json!("A=B")),
+        ("/env/0/name", json!("")),
+        ("/env/0/name", json!("LD_PRELOAD\n")),
+        ("/runtimeClassName", json!("Not A Class")),
+        ("/tool", json!("")),
+        ("/callId", json!("")),
+        ("/args", json!(vec!["a"; 65])),
+        ("/args/0", json!("x".repeat(1025))),
+        ("/env/0/value", json!("x".repeat(1025))),
+    ];
+    for (pointer, value) in cases {
+        let spec = with(good_spec(), pointer, value.clone());
+        let shown: String = value.to_string().chars().take(40).collect();
+        assert!(
+            validate_spec(&spec).is_err(),
+            "{pointer} = {shown} was accepted"
+        );
+    }
+    // Code of exactly the limit, in multi-byte characters, is fine (the bound counts
+    // characters, as the API server does).
+    let max_code = with(
+        good_spec(),
+        "/code",
+        json!("é".repeat(MAX_CODE_CHARS as usize)),
+    );
+    validate_spec(&max_code).unwrap();
+    // Required fields.
+    for field in ["tool", "callId", "language", "code"] {
+        let mut spec = good_spec();
+        spec.as_object_mut().unwrap().remove(field);
+        assert!(validate_spec(&spec).is_err(), "{field} is not required");
+    }
+}
+
+#[test]
+fn enums_match_the_runner() {
+    use toolrun_runner::Verdict as R;
+    let all = [
+        R::Ok,
+        R::RuntimeError,
+        R::Timeout,
+        R::MemoryLimit,
+        R::OutputLimit,
+        R::Cancelled,
+        R::InfraError,
+    ];
+    for r in all {
+        let v = Verdict::from(r);
+        assert_eq!(R::from(v), r);
+        assert_eq!(v.as_str(), r.as_str());
+        assert_eq!(serde_json::to_value(v).unwrap(), json!(r.as_str()));
+        assert_eq!(serde_json::to_value(r).unwrap(), json!(r.as_str()));
+    }
+    let status = &version()["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
+    // kube lists `null` too for an optional enum (the field is nullable).
+    let mut names: Vec<Value> = all.iter().map(|r| json!(r.as_str())).collect();
+    names.push(Value::Null);
+    assert_eq!(status["verdict"]["enum"], json!(names));
+    assert_eq!(
+        status["phase"]["enum"],
+        json!(["Pending", "Running", "Succeeded", "Failed", null])
+    );
+    for l in [
+        toolrun_runner::Language::Python,
+        toolrun_runner::Language::Javascript,
+        toolrun_runner::Language::Bash,
+    ] {
+        let ours = Language::from(l);
+        assert_eq!(toolrun_runner::Language::from(ours), l);
+        assert_eq!(serde_json::to_value(ours).unwrap(), json!(l.as_str()));
+    }
+    assert_eq!(
+        spec_schema()["properties"]["language"]["enum"],
+        json!(["python", "javascript", "bash"])
+    );
+    assert_eq!(Phase::finished_with(Verdict::Ok), Phase::Succeeded);
+    assert_eq!(Phase::finished_with(Verdict::Timeout), Phase::Failed);
+    assert!(!Phase::Running.is_finished());
+}
+
+#[test]
+fn a_kubectl_manifest_parses() {
+    let yaml = r#"
+apiVersion: toolrun.dev/v1alpha1
+kind: ToolRun
+metadata:
+  name: hello
+  namespace: toolrun-sandbox
+spec:
+  tool: run_code
+  callId: manual-1
+  language: python
+  code: |
+    import sys
+    print("hello", sys.argv[1:])
+  args: ["x"]
+  limits:
+    timeoutSeconds: 5
+    memoryMiB: 128
+"#;
+    let run: ToolRun = serde_yaml_ng::from_str(yaml).unwrap();
+    assert_eq!(run.spec.language, Language::Python);
+    assert_eq!(run.spec.limits.timeout_seconds, Some(5));
+    assert_eq!(run.spec.limits.cpu_millis, None);
+    assert!(!run.spec.cancel);
+    assert!(run.status.is_none());
+    validate_spec(&serde_json::to_value(&run.spec).unwrap()).unwrap();
+}
+
+#[test]
+fn status_serialises_with_wire_names() {
+    let status = ToolRunStatus {
+        phase: Some(Phase::Failed),
+        verdict: Some(Verdict::MemoryLimit),
+        exit_code: Some(137),
+        stdout_truncated: Some(false),
+        duration_ms: Some(12),
+        observed_generation: Some(1),
+        ..Default::default()
+    };
+    let v = serde_json::to_value(&status).unwrap();
+    assert_eq!(
+        v,
+        json!({"phase": "Failed", "verdict": "MEMORY_LIMIT", "exitCode": 137,
+               "stdoutTruncated": false, "durationMs": 12, "observedGeneration": 1})
+    );
+}

@@ -1,0 +1,431 @@
+//! Pure builders: ToolRun -> ConfigMap, Pod; namespace -> NetworkPolicy.
+//!
+//! No IO here: the controller fetches, calls these, and applies what they return. Every
+//! security-relevant field of the sandbox pod is set in this file, and its tests check
+//! each one.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, Pod,
+    PodDNSConfig, PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile,
+    SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::api::networking::v1::{NetworkPolicy, NetworkPolicySpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::Resource;
+use toolrun_crd::{Limits, ToolRun, labels};
+use toolrun_runner::{RunSpec, RunnerLimits};
+
+use crate::config::{OperatorConfig, ResolvedLimits};
+
+/// Name of the container that runs the program (its log holds the record).
+pub const RUN_CONTAINER: &str = "run";
+/// Name of the init container that copies the runner into the pod.
+pub const INSTALL_CONTAINER: &str = "install-runner";
+/// Key of the runner's [`RunSpec`] in the run's ConfigMap.
+pub const SPEC_KEY: &str = "spec.json";
+/// Where the ConfigMap is mounted (read-only).
+pub const SPEC_DIR: &str = "/toolrun/spec";
+/// Where the runner's copy lives (read-only in the run container).
+pub const BIN_DIR: &str = "/toolrun/bin";
+/// The runner binary in its own image.
+pub const RUNNER_IN_IMAGE: &str = "/toolrun-runner";
+/// Name of the deny-all NetworkPolicy in the sandbox namespace.
+pub const NETWORK_POLICY_NAME: &str = "toolrun-sandbox-deny-all";
+/// uid and gid of the sandbox (`nobody`): no file in any image belongs to it.
+pub const SANDBOX_UID: i64 = 65_534;
+/// `activeDeadlineSeconds` = timeout + this. The runner enforces the timeout itself and
+/// writes a TIMEOUT record; the deadline is the backstop for a runner that cannot (a
+/// hung image pull or init counts against it too, so it must not be tight).
+pub const ACTIVE_DEADLINE_SLACK_SECONDS: i64 = 30;
+/// Size of the emptyDir holding the runner's copy.
+const BIN_SIZE_MIB: u32 = 32;
+/// Largest `spec.json` the builders produce: a ConfigMap holds at most 1 MiB, keep room
+/// for its metadata.
+pub const MAX_SPEC_JSON_BYTES: usize = 1_000_000;
+/// Nameserver of sandbox pods. `dnsPolicy: None` requires at least one; loopback has no
+/// DNS server, so lookups fail at once instead of hanging on a cluster DNS that the
+/// deny-all policy blackholes.
+pub const SANDBOX_NAMESERVER: &str = "127.0.0.1";
+
+/// Why a ToolRun cannot be turned into a pod. The controller records these as an
+/// INFRA_ERROR verdict with the message as reason, without creating anything.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    /// The ToolRun has no name or uid (never true of one read from the API server).
+    #[error("ToolRun has no {0}")]
+    MissingMetadata(&'static str),
+    /// Outside the sandbox namespace there is no deny-all NetworkPolicy.
+    #[error("ToolRun is in namespace {namespace:?}; runs are only allowed in {expected:?}")]
+    WrongNamespace {
+        /// The ToolRun's namespace.
+        namespace: String,
+        /// The sandbox namespace.
+        expected: String,
+    },
+    /// A limit above the operator's maximum.
+    #[error("limits.{limit} = {value} is above the maximum {max}")]
+    LimitAboveMaximum {
+        /// The limit's field name.
+        limit: &'static str,
+        /// Requested.
+        value: u32,
+        /// Allowed.
+        max: u32,
+    },
+    /// A RuntimeClass the operator is not configured to allow.
+    #[error("runtimeClassName {0:?} is not allowed")]
+    RuntimeClassNotAllowed(String),
+    /// The run's spec does not fit in a ConfigMap.
+    #[error("the run's spec is {0} bytes, more than a ConfigMap holds ({MAX_SPEC_JSON_BYTES})")]
+    SpecTooLarge(usize),
+}
+
+/// The ToolRun's limits, each unset one from the defaults, none above the maximum.
+pub fn resolve_limits(
+    limits: &Limits,
+    config: &OperatorConfig,
+) -> Result<ResolvedLimits, BuildError> {
+    let (d, m) = (&config.default_limits, &config.max_limits);
+    let pick = |limit: &'static str, v: Option<u32>, default: u32, max: u32| {
+        let value = v.unwrap_or(default);
+        if value > max {
+            Err(BuildError::LimitAboveMaximum { limit, value, max })
+        } else {
+            Ok(value)
+        }
+    };
+    Ok(ResolvedLimits {
+        timeout_seconds: pick(
+            "timeoutSeconds",
+            limits.timeout_seconds,
+            d.timeout_seconds,
+            m.timeout_seconds,
+        )?,
+        memory_mib: pick("memoryMiB", limits.memory_mib, d.memory_mib, m.memory_mib)?,
+        cpu_millis: pick("cpuMillis", limits.cpu_millis, d.cpu_millis, m.cpu_millis)?,
+        processes: pick("processes", limits.processes, d.processes, m.processes)?,
+        output_bytes: pick(
+            "outputBytes",
+            limits.output_bytes,
+            d.output_bytes,
+            m.output_bytes,
+        )?,
+    })
+}
+
+/// The RuntimeClass of the run's pod: the ToolRun's if the operator allows it, else the
+/// operator's default.
+pub fn runtime_class(run: &ToolRun, config: &OperatorConfig) -> Result<Option<String>, BuildError> {
+    match &run.spec.runtime_class_name {
+        None => Ok(config.runtime_class_name.clone()),
+        Some(name)
+            if config.runtime_class_name.as_ref() == Some(name)
+                || config.allowed_runtime_class_names.contains(name) =>
+        {
+            Ok(Some(name.clone()))
+        }
+        Some(name) => Err(BuildError::RuntimeClassNotAllowed(name.clone())),
+    }
+}
+
+/// What the runner in the pod reads from `/toolrun/spec/spec.json`.
+pub fn run_spec(run: &ToolRun, config: &OperatorConfig) -> Result<RunSpec, BuildError> {
+    let limits = resolve_limits(&run.spec.limits, config)?;
+    let mut env = config.base_env.clone();
+    env.extend(
+        run.spec
+            .env
+            .iter()
+            .map(|e| (e.name.clone(), e.value.clone())),
+    );
+    Ok(RunSpec {
+        language: run.spec.language.into(),
+        code: run.spec.code.clone(),
+        args: run.spec.args.clone(),
+        env,
+        stdin: run.spec.stdin.clone(),
+        interpreter: config.images.get(run.spec.language).interpreter.clone(),
+        workdir: "/tmp".into(),
+        limits: RunnerLimits {
+            timeout_ms: u64::from(limits.timeout_seconds) * 1000,
+            output_limit_bytes: u64::from(limits.output_bytes),
+            // CPU time is bounded by the cgroup quota and the wall clock; file sizes by
+            // the size-capped /tmp on a read-only root.
+            cpu_seconds: 0,
+            max_processes: if config.user_namespaces {
+                u64::from(limits.processes)
+            } else {
+                0
+            },
+            max_file_bytes: 0,
+            max_open_files: 0,
+            address_space_bytes: 0,
+        },
+    })
+}
+
+/// Name, namespace, labels and controller owner reference shared by a run's children.
+fn child_metadata(run: &ToolRun, config: &OperatorConfig) -> Result<ObjectMeta, BuildError> {
+    let name = run
+        .metadata
+        .name
+        .clone()
+        .ok_or(BuildError::MissingMetadata("name"))?;
+    let namespace = run.metadata.namespace.clone().unwrap_or_default();
+    if namespace != config.namespace {
+        return Err(BuildError::WrongNamespace {
+            namespace,
+            expected: config.namespace.clone(),
+        });
+    }
+    let owner = run
+        .controller_owner_ref(&())
+        .ok_or(BuildError::MissingMetadata("uid"))?;
+    Ok(ObjectMeta {
+        name: Some(name.clone()),
+        namespace: Some(namespace),
+        labels: Some(child_labels(&name, &run.spec.call_id)),
+        owner_references: Some(vec![owner]),
+        ..ObjectMeta::default()
+    })
+}
+
+/// Labels of a run's pod and ConfigMap.
+pub fn child_labels(run_name: &str, call_id: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::RUN.to_string(), labels::label_value(run_name)),
+        (labels::CALL_ID.to_string(), labels::label_value(call_id)),
+        (
+            labels::SANDBOX.to_string(),
+            labels::SANDBOX_VALUE.to_string(),
+        ),
+        (
+            labels::MANAGED_BY.to_string(),
+            labels::MANAGED_BY_VALUE.to_string(),
+        ),
+    ])
+}
+
+/// The run's ConfigMap: `spec.json`, the runner's whole input (code, args, env, stdin,
+/// limits). The code reaches the pod only through this file. One key rather than code
+/// and stdin beside it: a copy of each would halve the largest run that fits.
+/// Immutable, so kubelets do not watch it.
+pub fn config_map(run: &ToolRun, config: &OperatorConfig) -> Result<ConfigMap, BuildError> {
+    let metadata = child_metadata(run, config)?;
+    let spec = run_spec(run, config)?;
+    let json = serde_json::to_string_pretty(&spec).expect("a RunSpec always serialises");
+    if json.len() > MAX_SPEC_JSON_BYTES {
+        return Err(BuildError::SpecTooLarge(json.len()));
+    }
+    Ok(ConfigMap {
+        metadata,
+        data: Some(BTreeMap::from([(SPEC_KEY.to_string(), json)])),
+        immutable: Some(true),
+        ..ConfigMap::default()
+    })
+}
+
+/// The sandbox pod of a run.
+pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
+    let metadata = child_metadata(run, config)?;
+    let limits = resolve_limits(&run.spec.limits, config)?;
+    let runtime_class_name = runtime_class(run, config)?;
+    let config_map_name = metadata.name.clone().expect("child_metadata sets the name");
+    let image = &config.images.get(run.spec.language).image;
+
+    let resources = resources(limits, config);
+    let volumes = vec![
+        Volume {
+            name: "runner".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: None,
+                size_limit: Some(Quantity(format!("{BIN_SIZE_MIB}Mi"))),
+            }),
+            ..Volume::default()
+        },
+        Volume {
+            name: "spec".into(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: config_map_name,
+                default_mode: Some(0o444),
+                optional: Some(false),
+                items: None,
+            }),
+            ..Volume::default()
+        },
+        Volume {
+            name: "tmp".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                // tmpfs: nothing the program writes reaches the node's disk, and it
+                // counts against the pod's memory limit.
+                medium: Some("Memory".into()),
+                size_limit: Some(Quantity(format!("{}Mi", config.tmp_size_mib))),
+            }),
+            ..Volume::default()
+        },
+    ];
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(read_only),
+        ..VolumeMount::default()
+    };
+    let runner_path = format!("{BIN_DIR}/toolrun-runner");
+    let install = Container {
+        name: INSTALL_CONTAINER.into(),
+        image: Some(config.runner_image.clone()),
+        image_pull_policy: config.image_pull_policy.clone(),
+        command: Some(vec![
+            RUNNER_IN_IMAGE.into(),
+            "install".into(),
+            runner_path.clone(),
+        ]),
+        // Same as the run container: the pod's effective request is the larger of the
+        // two, so this costs nothing and keeps the pod Guaranteed.
+        resources: Some(resources.clone()),
+        security_context: Some(container_security_context()),
+        volume_mounts: Some(vec![mount("runner", BIN_DIR, false)]),
+        ..Container::default()
+    };
+    let run_container = Container {
+        name: RUN_CONTAINER.into(),
+        image: Some(image.clone()),
+        image_pull_policy: config.image_pull_policy.clone(),
+        // Fixed argv: the code, args and env are only in spec.json.
+        command: Some(vec![
+            runner_path,
+            "--spec".into(),
+            format!("{SPEC_DIR}/{SPEC_KEY}"),
+        ]),
+        working_dir: Some("/tmp".into()),
+        resources: Some(resources),
+        security_context: Some(container_security_context()),
+        volume_mounts: Some(vec![
+            mount("runner", BIN_DIR, true),
+            mount("spec", SPEC_DIR, true),
+            mount("tmp", "/tmp", false),
+        ]),
+        ..Container::default()
+    };
+    let spec = PodSpec {
+        init_containers: Some(vec![install]),
+        containers: vec![run_container],
+        volumes: Some(volumes),
+        restart_policy: Some("Never".into()),
+        active_deadline_seconds: Some(
+            i64::from(limits.timeout_seconds) + ACTIVE_DEADLINE_SLACK_SECONDS,
+        ),
+        // Cancel and TTL delete the pod: nothing in it needs time to shut down.
+        termination_grace_period_seconds: Some(1),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        host_network: Some(false),
+        host_pid: Some(false),
+        host_ipc: Some(false),
+        share_process_namespace: Some(false),
+        host_users: config.user_namespaces.then_some(false),
+        dns_policy: Some("None".into()),
+        dns_config: Some(PodDNSConfig {
+            nameservers: Some(vec![SANDBOX_NAMESERVER.into()]),
+            searches: Some(Vec::new()),
+            options: None,
+        }),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(SANDBOX_UID),
+            run_as_group: Some(SANDBOX_UID),
+            seccomp_profile: Some(runtime_default_seccomp()),
+            ..PodSecurityContext::default()
+        }),
+        runtime_class_name,
+        node_selector: (!config.node_selector.is_empty()).then(|| config.node_selector.clone()),
+        tolerations: (!config.tolerations.is_empty()).then(|| config.tolerations.clone()),
+        ..PodSpec::default()
+    };
+    Ok(Pod {
+        metadata,
+        spec: Some(spec),
+        status: None,
+    })
+}
+
+/// Requests equal to limits for cpu, memory and ephemeral storage.
+fn resources(limits: ResolvedLimits, config: &OperatorConfig) -> ResourceRequirements {
+    let amounts = BTreeMap::from([
+        (
+            "cpu".to_string(),
+            Quantity(format!("{}m", limits.cpu_millis)),
+        ),
+        (
+            "memory".to_string(),
+            Quantity(format!("{}Mi", limits.memory_mib)),
+        ),
+        (
+            "ephemeral-storage".to_string(),
+            Quantity(format!("{}Mi", config.ephemeral_storage_mib)),
+        ),
+    ]);
+    ResourceRequirements {
+        requests: Some(amounts.clone()),
+        limits: Some(amounts),
+        ..ResourceRequirements::default()
+    }
+}
+
+fn runtime_default_seccomp() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".into(),
+        localhost_profile: None,
+    }
+}
+
+fn container_security_context() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(SANDBOX_UID),
+        run_as_group: Some(SANDBOX_UID),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        privileged: Some(false),
+        capabilities: Some(Capabilities {
+            add: None,
+            drop: Some(vec!["ALL".into()]),
+        }),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..SecurityContext::default()
+    }
+}
+
+/// Denies all ingress and egress of sandbox pods in `namespace`.
+pub fn network_policy(namespace: &str) -> NetworkPolicy {
+    NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(NETWORK_POLICY_NAME.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([(
+                labels::MANAGED_BY.to_string(),
+                labels::MANAGED_BY_VALUE.to_string(),
+            )])),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    labels::SANDBOX.to_string(),
+                    labels::SANDBOX_VALUE.to_string(),
+                )])),
+                match_expressions: None,
+            }),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+            // Both types listed and no rule: nothing in, nothing out.
+            ingress: Some(Vec::new()),
+            egress: Some(Vec::new()),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

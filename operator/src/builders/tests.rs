@@ -1,0 +1,465 @@
+use k8s_openapi::api::core::v1::{Container, Toleration};
+use serde_json::{Value, json};
+use toolrun_crd::{EnvVar, Language, Limits, ToolRunSpec};
+
+use super::*;
+
+const NS: &str = "toolrun-sandbox";
+const CODE: &str = "print('CODE-MARKER $(touch /tmp/pwned)')";
+
+fn run() -> ToolRun {
+    let mut run = ToolRun::new(
+        "tr-1",
+        ToolRunSpec {
+            tool: "run_code".into(),
+            call_id: "call 1/x".into(),
+            language: Language::Python,
+            code: CODE.into(),
+            args: vec!["; echo ARG-MARKER".into(), "$HOME".into()],
+            env: vec![
+                EnvVar {
+                    name: "MY_VAR".into(),
+                    value: "ENV-MARKER".into(),
+                },
+                EnvVar {
+                    name: "HOME".into(),
+                    value: "/tmp/home".into(),
+                },
+            ],
+            stdin: "STDIN-MARKER".into(),
+            limits: Limits {
+                timeout_seconds: Some(10),
+                memory_mib: Some(128),
+                cpu_millis: Some(250),
+                processes: Some(32),
+                output_bytes: None,
+            },
+            ttl_seconds_after_finished: None,
+            runtime_class_name: None,
+            cancel: false,
+        },
+    );
+    run.metadata.namespace = Some(NS.into());
+    run.metadata.uid = Some("0b9c5f6e-uid".into());
+    run
+}
+
+fn config() -> OperatorConfig {
+    OperatorConfig {
+        namespace: NS.into(),
+        ..OperatorConfig::default()
+    }
+}
+
+fn pod_spec(pod: &Pod) -> &PodSpec {
+    pod.spec.as_ref().unwrap()
+}
+
+fn all_containers(pod: &Pod) -> Vec<&Container> {
+    let spec = pod_spec(pod);
+    spec.init_containers
+        .iter()
+        .flatten()
+        .chain(spec.containers.iter())
+        .collect()
+}
+
+#[test]
+fn pod_is_locked_down() {
+    let pod = pod(&run(), &config()).unwrap();
+    let spec = pod_spec(&pod);
+    assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(
+        spec.active_deadline_seconds,
+        Some(10 + ACTIVE_DEADLINE_SLACK_SECONDS)
+    );
+    assert_eq!(spec.automount_service_account_token, Some(false));
+    assert_eq!(spec.enable_service_links, Some(false));
+    assert_eq!(spec.host_network, Some(false));
+    assert_eq!(spec.host_pid, Some(false));
+    assert_eq!(spec.host_ipc, Some(false));
+    assert_eq!(spec.share_process_namespace, Some(false));
+    assert_eq!(spec.host_users, None, "user namespaces are opt-in");
+    assert_eq!(spec.service_account_name, None);
+    assert_eq!(spec.node_name, None);
+    assert_eq!(spec.dns_policy.as_deref(), Some("None"));
+    let dns = spec.dns_config.as_ref().unwrap();
+    assert_eq!(dns.nameservers, Some(vec!["127.0.0.1".to_string()]));
+    assert_eq!(dns.searches, Some(vec![]));
+
+    let psc = spec.security_context.as_ref().unwrap();
+    assert_eq!(psc.run_as_non_root, Some(true));
+    assert_eq!(psc.run_as_user, Some(65534));
+    assert_eq!(psc.run_as_group, Some(65534));
+    assert_eq!(
+        psc.seccomp_profile.as_ref().unwrap().type_,
+        "RuntimeDefault"
+    );
+    assert_eq!(psc.sysctls, None);
+
+    let containers = all_containers(&pod);
+    assert_eq!(containers.len(), 2);
+    for c in containers {
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_non_root, Some(true), "{}", c.name);
+        assert_eq!(sc.run_as_user, Some(65534), "{}", c.name);
+        assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
+        assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
+        assert_eq!(sc.privileged, Some(false), "{}", c.name);
+        let caps = sc.capabilities.as_ref().unwrap();
+        assert_eq!(caps.drop, Some(vec!["ALL".to_string()]), "{}", c.name);
+        assert_eq!(caps.add, None, "{}", c.name);
+        assert_eq!(
+            sc.seccomp_profile.as_ref().unwrap().type_,
+            "RuntimeDefault",
+            "{}",
+            c.name
+        );
+        assert_eq!(sc.proc_mount, None, "{}", c.name);
+
+        let r = c.resources.as_ref().unwrap();
+        assert_eq!(r.requests, r.limits, "{}: requests != limits", c.name);
+        let limits = r.limits.as_ref().unwrap();
+        assert_eq!(limits["cpu"].0, "250m");
+        assert_eq!(limits["memory"].0, "128Mi");
+        assert_eq!(limits["ephemeral-storage"].0, "64Mi");
+        assert_eq!(limits.len(), 3);
+
+        assert_eq!(c.ports, None);
+        assert_eq!(c.env, None, "{}: the program's env is in spec.json", c.name);
+        assert_eq!(c.env_from, None);
+        assert_ne!(c.stdin, Some(true));
+        assert_ne!(c.tty, Some(true));
+    }
+}
+
+#[test]
+fn volumes_are_only_empty_dirs_and_the_config_map() {
+    let pod = pod(&run(), &config()).unwrap();
+    let volumes = serde_json::to_value(&pod_spec(&pod).volumes).unwrap();
+    for v in volumes.as_array().unwrap() {
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        assert!(
+            keys == ["emptyDir", "name"] || keys == ["configMap", "name"],
+            "unexpected volume {v}"
+        );
+    }
+    let json = serde_json::to_string(&pod).unwrap();
+    for forbidden in [
+        "hostPath",
+        "hostPort",
+        "\"privileged\":true",
+        "hostNetwork\":true",
+    ] {
+        assert!(!json.contains(forbidden), "pod has {forbidden}");
+    }
+    assert_eq!(
+        volumes,
+        json!([
+            {"name": "runner", "emptyDir": {"sizeLimit": "32Mi"}},
+            {"name": "spec", "configMap": {"name": "tr-1", "defaultMode": 0o444, "optional": false}},
+            {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+        ])
+    );
+}
+
+#[test]
+fn init_container_installs_the_runner_the_run_container_starts() {
+    let pod = pod(&run(), &config()).unwrap();
+    let spec = pod_spec(&pod);
+    let init = &spec.init_containers.as_ref().unwrap()[0];
+    assert_eq!(init.name, INSTALL_CONTAINER);
+    assert_eq!(init.image.as_deref(), Some("toolrun/runner:0.1.0"));
+    assert_eq!(
+        init.command,
+        Some(vec![
+            "/toolrun-runner".to_string(),
+            "install".into(),
+            "/toolrun/bin/toolrun-runner".into()
+        ])
+    );
+    assert_eq!(init.args, None);
+    let mounts = |c: &Container| -> Value {
+        serde_json::to_value(c.volume_mounts.as_ref().unwrap()).unwrap()
+    };
+    assert_eq!(
+        mounts(init),
+        json!([{"name": "runner", "mountPath": "/toolrun/bin", "readOnly": false}])
+    );
+
+    assert_eq!(spec.containers.len(), 1);
+    let main = &spec.containers[0];
+    assert_eq!(main.name, RUN_CONTAINER);
+    assert_eq!(main.image.as_deref(), Some("toolrun/sandbox:0.1.0"));
+    assert_eq!(
+        main.command,
+        Some(vec![
+            "/toolrun/bin/toolrun-runner".to_string(),
+            "--spec".into(),
+            "/toolrun/spec/spec.json".into()
+        ])
+    );
+    assert_eq!(main.args, None);
+    assert_eq!(main.working_dir.as_deref(), Some("/tmp"));
+    assert_eq!(
+        mounts(main),
+        json!([
+            {"name": "runner", "mountPath": "/toolrun/bin", "readOnly": true},
+            {"name": "spec", "mountPath": "/toolrun/spec", "readOnly": true},
+            {"name": "tmp", "mountPath": "/tmp", "readOnly": false},
+        ])
+    );
+    // Per-language images.
+    let mut config = config();
+    config.images.bash.image = "bash:5".into();
+    let mut bash = run();
+    bash.spec.language = Language::Bash;
+    let pod = super::pod(&bash, &config).unwrap();
+    assert_eq!(
+        pod_spec(&pod).containers[0].image.as_deref(),
+        Some("bash:5")
+    );
+}
+
+#[test]
+fn code_and_args_never_reach_a_command_line() {
+    let run = run();
+    let pod = pod(&run, &config()).unwrap();
+    let json = serde_json::to_string(&pod).unwrap();
+    for marker in [
+        "CODE-MARKER",
+        "ARG-MARKER",
+        "ENV-MARKER",
+        "STDIN-MARKER",
+        "touch",
+    ] {
+        assert!(!json.contains(marker), "the pod spec contains {marker}");
+    }
+    for c in all_containers(&pod) {
+        let argv = c.command.as_ref().unwrap();
+        assert!(
+            !argv
+                .iter()
+                .any(|a| a == "sh" || a == "-c" || a.ends_with("/sh"))
+        );
+    }
+    // They travel in the ConfigMap, as data the runner reads.
+    let cm = config_map(&run, &config()).unwrap();
+    let data = cm.data.as_ref().unwrap();
+    assert_eq!(data.keys().collect::<Vec<_>>(), [SPEC_KEY]);
+    let spec: RunSpec = serde_json::from_str(&data[SPEC_KEY]).unwrap();
+    assert_eq!(spec.code, CODE);
+    assert_eq!(spec.args, ["; echo ARG-MARKER", "$HOME"]);
+    assert_eq!(spec.stdin, "STDIN-MARKER");
+}
+
+#[test]
+fn config_map_holds_the_runner_spec() {
+    let run = run();
+    let cm = config_map(&run, &config()).unwrap();
+    assert_eq!(cm.metadata.name.as_deref(), Some("tr-1"));
+    assert_eq!(cm.metadata.namespace.as_deref(), Some(NS));
+    assert_eq!(cm.immutable, Some(true));
+    assert_eq!(cm.binary_data, None);
+    let spec: RunSpec = serde_json::from_str(&cm.data.as_ref().unwrap()[SPEC_KEY]).unwrap();
+    assert_eq!(spec, run_spec(&run, &config()).unwrap());
+    assert_eq!(spec.language, toolrun_runner::Language::Python);
+    assert_eq!(spec.interpreter, "/usr/bin/python3");
+    assert_eq!(spec.workdir, "/tmp");
+    // Base environment, with the ToolRun's variables added and winning.
+    assert_eq!(spec.env["PATH"], "/usr/local/bin:/usr/bin:/bin");
+    assert_eq!(spec.env["LANG"], "C.UTF-8");
+    assert_eq!(spec.env["MY_VAR"], "ENV-MARKER");
+    assert_eq!(spec.env["HOME"], "/tmp/home");
+    assert_eq!(spec.limits.timeout_ms, 10_000);
+    assert_eq!(spec.limits.output_limit_bytes, 65_536, "default");
+    assert_eq!(
+        spec.limits.max_processes, 0,
+        "no RLIMIT_NPROC on a shared uid"
+    );
+    // With user namespaces the uid is the pod's own: processes are limited.
+    let userns = OperatorConfig {
+        user_namespaces: true,
+        ..config()
+    };
+    assert_eq!(run_spec(&run, &userns).unwrap().limits.max_processes, 32);
+    let pod = pod(&run, &userns).unwrap();
+    assert_eq!(pod_spec(&pod).host_users, Some(false));
+}
+
+#[test]
+fn children_are_labelled_and_owned() {
+    let run = run();
+    let pod = pod(&run, &config()).unwrap();
+    let cm = config_map(&run, &config()).unwrap();
+    for meta in [&pod.metadata, &cm.metadata] {
+        assert_eq!(meta.name.as_deref(), Some("tr-1"));
+        assert_eq!(meta.namespace.as_deref(), Some(NS));
+        let labels = meta.labels.as_ref().unwrap();
+        assert_eq!(labels["toolrun.dev/run"], "tr-1");
+        let call_id = &labels["toolrun.dev/call-id"];
+        assert!(labels::is_label_value(call_id), "{call_id:?}");
+        assert_eq!(call_id, &labels::label_value("call 1/x"));
+        assert_eq!(labels["toolrun.dev/sandbox"], "true");
+        let owners = meta.owner_references.as_ref().unwrap();
+        assert_eq!(owners.len(), 1);
+        let owner = &owners[0];
+        assert_eq!(owner.api_version, "toolrun.dev/v1alpha1");
+        assert_eq!(owner.kind, "ToolRun");
+        assert_eq!(owner.name, "tr-1");
+        assert_eq!(owner.uid, "0b9c5f6e-uid");
+        assert_eq!(owner.controller, Some(true));
+    }
+    // A call id that is already a label value is kept as is.
+    let mut plain = run.clone();
+    plain.spec.call_id = "toolu_01ABC".into();
+    let pod = super::pod(&plain, &config()).unwrap();
+    assert_eq!(
+        pod.metadata.labels.unwrap()["toolrun.dev/call-id"],
+        "toolu_01ABC"
+    );
+}
+
+#[test]
+fn network_policy_denies_everything_for_sandbox_pods() {
+    let np = network_policy(NS);
+    assert_eq!(np.metadata.name.as_deref(), Some(NETWORK_POLICY_NAME));
+    assert_eq!(np.metadata.namespace.as_deref(), Some(NS));
+    let spec = np.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.policy_types,
+        Some(vec!["Ingress".to_string(), "Egress".to_string()])
+    );
+    assert_eq!(spec.ingress, Some(vec![]));
+    assert_eq!(spec.egress, Some(vec![]));
+    // It selects the sandbox pods.
+    let selector = spec.pod_selector.as_ref().unwrap();
+    assert_eq!(selector.match_expressions, None);
+    let pod = pod(&run(), &config()).unwrap();
+    let pod_labels = pod.metadata.labels.unwrap();
+    let wanted = selector.match_labels.as_ref().unwrap();
+    assert!(!wanted.is_empty());
+    for (k, v) in wanted {
+        assert_eq!(pod_labels.get(k), Some(v), "pod lacks {k}={v}");
+    }
+}
+
+#[test]
+fn limits_default_and_are_capped() {
+    let config = config();
+    let resolved = resolve_limits(&Limits::default(), &config).unwrap();
+    assert_eq!(resolved, config.default_limits);
+    let pod = pod(
+        &ToolRun {
+            spec: ToolRunSpec {
+                limits: Limits::default(),
+                ..run().spec
+            },
+            ..run()
+        },
+        &config,
+    )
+    .unwrap();
+    assert_eq!(pod_spec(&pod).active_deadline_seconds, Some(30 + 30));
+    let too_much = Limits {
+        memory_mib: Some(config.max_limits.memory_mib + 1),
+        ..Limits::default()
+    };
+    let err = resolve_limits(&too_much, &config).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            BuildError::LimitAboveMaximum {
+                limit: "memoryMiB",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let mut big = run();
+    big.spec.limits.timeout_seconds = Some(config.max_limits.timeout_seconds + 1);
+    assert!(super::pod(&big, &config).is_err());
+    assert!(config_map(&big, &config).is_err());
+}
+
+#[test]
+fn runtime_class_is_the_operators_choice() {
+    let mut config = config();
+    config.runtime_class_name = Some("gvisor".into());
+    let mut run = run();
+    let pod = pod(&run, &config).unwrap();
+    assert_eq!(pod_spec(&pod).runtime_class_name.as_deref(), Some("gvisor"));
+    // A ToolRun cannot step down to another class...
+    run.spec.runtime_class_name = Some("runc".into());
+    assert!(matches!(
+        super::pod(&run, &config),
+        Err(BuildError::RuntimeClassNotAllowed(name)) if name == "runc"
+    ));
+    // ...unless the operator allows it.
+    config.allowed_runtime_class_names = vec!["kata".into()];
+    run.spec.runtime_class_name = Some("kata".into());
+    let pod = super::pod(&run, &config).unwrap();
+    assert_eq!(pod_spec(&pod).runtime_class_name.as_deref(), Some("kata"));
+    // No class configured: none set.
+    assert_eq!(
+        pod_spec(&super::pod(&self::run(), &self::config()).unwrap()).runtime_class_name,
+        None
+    );
+}
+
+#[test]
+fn node_placement_comes_from_the_config() {
+    let mut config = config();
+    let none = pod(&run(), &config).unwrap();
+    assert_eq!(pod_spec(&none).node_selector, None);
+    assert_eq!(pod_spec(&none).tolerations, None);
+    config.node_selector = BTreeMap::from([("pool".to_string(), "sandbox".to_string())]);
+    config.tolerations = vec![Toleration {
+        key: Some("sandbox".into()),
+        operator: Some("Exists".into()),
+        effect: Some("NoSchedule".into()),
+        ..Toleration::default()
+    }];
+    let pod = pod(&run(), &config).unwrap();
+    assert_eq!(
+        pod_spec(&pod).node_selector,
+        Some(config.node_selector.clone())
+    );
+    assert_eq!(pod_spec(&pod).tolerations, Some(config.tolerations.clone()));
+}
+
+#[test]
+fn runs_outside_the_sandbox_namespace_are_refused() {
+    let mut run = run();
+    run.metadata.namespace = Some("default".into());
+    for result in [
+        pod(&run, &config()).map(|_| ()),
+        config_map(&run, &config()).map(|_| ()),
+    ] {
+        assert!(matches!(
+            result,
+            Err(BuildError::WrongNamespace { ref namespace, .. }) if namespace == "default"
+        ));
+    }
+    let mut no_uid = self::run();
+    no_uid.metadata.uid = None;
+    assert!(matches!(
+        pod(&no_uid, &config()),
+        Err(BuildError::MissingMetadata("uid"))
+    ));
+}
+
+#[test]
+fn a_spec_too_large_for_a_config_map_is_refused() {
+    let mut run = run();
+    // Control characters take six bytes each in JSON.
+    run.spec.code = "\u{1}".repeat(200_000);
+    let err = config_map(&run, &config()).unwrap_err();
+    assert!(
+        matches!(err, BuildError::SpecTooLarge(n) if n > MAX_SPEC_JSON_BYTES),
+        "{err}"
+    );
+    // The largest code the CRD allows, in plain text, fits.
+    run.spec.code = "x".repeat(toolrun_crd::MAX_CODE_CHARS as usize);
+    config_map(&run, &config()).unwrap();
+}

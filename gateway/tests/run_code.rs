@@ -314,13 +314,13 @@ fn reqwest_like(url: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_drains_then_cancels() {
-    let (s, c) = gateway("{}", 1500).await;
+    let (s, c) = gateway("{}", 2500).await;
     let mut a = c.clone();
     let short = tokio::spawn(async move {
         call(
             &mut a,
             "run_code",
-            json!({"language": "bash", "code": "sleep 0.5; echo done"}),
+            json!({"language": "bash", "code": "sleep 1; echo done"}),
         )
         .await
     });
@@ -333,7 +333,12 @@ async fn shutdown_drains_then_cancels() {
         )
         .await
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Both runs are executing before shutdown begins.
+    let metrics_url = format!("http://{}/metrics", s.admin_addr);
+    wait_until("two runs in flight", Duration::from_secs(20), || {
+        reqwest_like(&metrics_url).contains("toolrun_sandbox_inflight 2")
+    })
+    .await;
     let t = Instant::now();
     s.shutdown();
     let (r, out) = short.await.unwrap();
@@ -341,7 +346,7 @@ async fn shutdown_drains_then_cancels() {
     assert_eq!(out["stdout"], "done\n");
     let (r, _) = long.await.unwrap();
     assert_eq!(code(&r), "CANCELLED", "{r:?}");
-    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
     tokio::time::timeout(Duration::from_secs(10), s.wait())
         .await
         .expect("stops")

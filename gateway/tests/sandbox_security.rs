@@ -110,7 +110,10 @@ async fn case04_cpu_spin_hits_cpu_time_limit() {
         !rec.timed_out && rec.message.contains("CPU time"),
         "{rec:?}"
     );
-    assert!(took < Duration::from_millis(2_500), "{took:?}");
+    // The CPU-time limit (1 s), not the 10 s wall clock, ended it. On a quiet machine this
+    // takes about 1.1 s; the bound leaves room for a loaded CI machine, where 1 s of CPU can
+    // take several seconds of wall time.
+    assert!(took < Duration::from_secs(8), "{took:?}");
 }
 
 // 5. Sleep forever: wall-clock timeout.

@@ -421,3 +421,111 @@ fn status_serialises_with_wire_names() {
                "stdoutTruncated": false, "durationMs": 12, "observedGeneration": 1})
     );
 }
+
+fn object(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "toolrun.dev/v1alpha1",
+        "kind": "ToolRun",
+        "metadata": {"name": name, "namespace": "toolrun-sandbox"},
+        "spec": spec,
+    })
+}
+
+/// The CRD's CEL rules, evaluated as the API server evaluates them on create
+/// (`old = None`) and update.
+fn validate_cel(new: &Value, old: Option<&Value>) -> Result<(), String> {
+    let schema = &version()["schema"]["openAPIV3Schema"];
+    kube_cel::validate(schema, new, old).map_err(|e| format!("{e:?}"))
+}
+
+#[test]
+fn cel_rules_compile_and_fit_the_cost_budget() {
+    let schema = &version()["schema"]["openAPIV3Schema"];
+    let compiled = kube_cel::compile_schema(schema);
+    assert!(
+        !compiled.has_errors(),
+        "{:?}",
+        compiled.compilation_errors()
+    );
+    let spec = kube_cel::compile_schema(&spec_schema());
+    assert!(!spec.has_errors(), "{:?}", spec.compilation_errors());
+    for rule in rules(&spec_schema()) {
+        let warnings = kube_cel::estimate_rule_cost(&rule, &spec);
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+}
+
+#[test]
+fn cel_name_must_be_a_label_value() {
+    validate_cel(&object(&"a".repeat(63), good_spec()), None).unwrap();
+    assert!(validate_cel(&object(&"a".repeat(64), good_spec()), None).is_err());
+}
+
+#[test]
+fn cel_spec_is_immutable_except_cancel() {
+    let old = object("tr-1", good_spec());
+    validate_cel(&old, None).unwrap();
+    // Creation rules do not involve oldSelf; an unchanged update passes.
+    validate_cel(&old, Some(&old)).unwrap();
+    // Cancelling is allowed...
+    let cancelled = object("tr-1", with(good_spec(), "/cancel", json!(true)));
+    validate_cel(&cancelled, Some(&old)).unwrap();
+    // ...also when `cancel` was absent.
+    let mut bare = good_spec();
+    bare.as_object_mut().unwrap().remove("cancel");
+    validate_cel(&cancelled, Some(&object("tr-1", bare.clone()))).unwrap();
+    // ...and cannot be undone, by clearing or by removing it.
+    let err = validate_cel(&old, Some(&cancelled)).unwrap_err();
+    assert!(err.contains("cancel cannot be undone"), "{err}");
+    assert!(validate_cel(&object("tr-1", bare.clone()), Some(&cancelled)).is_err());
+
+    let changes = [
+        ("/tool", json!("other")),
+        ("/callId", json!("call-2")),
+        ("/language", json!("bash")),
+        ("/code", json!("print(2)")),
+        ("/args", json!(["a"])),
+        ("/args/0", json!("z")),
+        ("/env/0/value", json!("changed")),
+        ("/stdin", json!("other input")),
+        ("/limits/timeoutSeconds", json!(11)),
+        ("/limits/memoryMiB", json!(512)),
+        ("/ttlSecondsAfterFinished", json!(60)),
+        ("/runtimeClassName", json!("kata")),
+    ];
+    for (pointer, value) in changes {
+        let new = object("tr-1", with(good_spec(), pointer, value));
+        let err = validate_cel(&new, Some(&old)).expect_err(pointer);
+        assert!(
+            err.contains("spec is immutable except cancel"),
+            "{pointer}: {err}"
+        );
+    }
+    // Adding or removing an optional field is a change too.
+    for field in [
+        "args",
+        "env",
+        "stdin",
+        "limits",
+        "ttlSecondsAfterFinished",
+        "runtimeClassName",
+    ] {
+        let mut removed = good_spec();
+        removed.as_object_mut().unwrap().remove(field);
+        let removed = object("tr-1", removed);
+        assert!(
+            validate_cel(&removed, Some(&old)).is_err(),
+            "removing {field} was accepted"
+        );
+        assert!(
+            validate_cel(&old, Some(&removed)).is_err(),
+            "adding {field} was accepted"
+        );
+    }
+    let mut more_limits = good_spec();
+    more_limits["limits"]
+        .as_object_mut()
+        .unwrap()
+        .remove("processes");
+    assert!(validate_cel(&object("tr-1", more_limits), Some(&old)).is_err());
+}

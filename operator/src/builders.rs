@@ -131,6 +131,13 @@ pub fn runtime_class(run: &ToolRun, config: &OperatorConfig) -> Result<Option<St
     }
 }
 
+/// Seconds after it finished before a ToolRun is deleted (its children go with it).
+pub fn ttl_seconds_after_finished(run: &ToolRun, config: &OperatorConfig) -> u32 {
+    run.spec
+        .ttl_seconds_after_finished
+        .unwrap_or(config.default_ttl_seconds_after_finished)
+}
+
 /// What the runner in the pod reads from `/toolrun/spec/spec.json`.
 pub fn run_spec(run: &ToolRun, config: &OperatorConfig) -> Result<RunSpec, BuildError> {
     let limits = resolve_limits(&run.spec.limits, config)?;

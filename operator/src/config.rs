@@ -17,6 +17,9 @@ pub struct OperatorConfig {
     pub images: LanguageImages,
     /// `imagePullPolicy` of both containers (`None` = the cluster's default).
     pub image_pull_policy: Option<String>,
+    /// Seconds a finished ToolRun is kept when its spec does not say
+    /// (`ttlSecondsAfterFinished`).
+    pub default_ttl_seconds_after_finished: u32,
     /// Limits for what a ToolRun leaves unset.
     pub default_limits: ResolvedLimits,
     /// Largest limits a ToolRun may ask for.
@@ -109,6 +112,7 @@ impl Default for OperatorConfig {
                 bash: sandbox("/bin/bash"),
             },
             image_pull_policy: Some("IfNotPresent".into()),
+            default_ttl_seconds_after_finished: 3_600,
             default_limits: ResolvedLimits {
                 timeout_seconds: 30,
                 memory_mib: 256,

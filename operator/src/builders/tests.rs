@@ -463,3 +463,11 @@ fn a_spec_too_large_for_a_config_map_is_refused() {
     run.spec.code = "x".repeat(toolrun_crd::MAX_CODE_CHARS as usize);
     config_map(&run, &config()).unwrap();
 }
+
+#[test]
+fn ttl_comes_from_the_spec_or_the_default() {
+    let mut run = run();
+    assert_eq!(ttl_seconds_after_finished(&run, &config()), 3_600);
+    run.spec.ttl_seconds_after_finished = Some(0);
+    assert_eq!(ttl_seconds_after_finished(&run, &config()), 0);
+}

@@ -10,7 +10,7 @@ pid_of() { # prints the pid of a running component, fails if it is not running
   local f=$PID_DIR/$1.pid pid
   [[ -f $f ]] || return 1
   pid=$(cat "$f")
-  [[ -n $pid && -d /proc/$pid ]] || return 1
+  [[ -n $pid ]] && alive "$pid" || return 1
   grep -qa -- "$1" "/proc/$pid/cmdline" 2>/dev/null || return 1
   echo "$pid"
 }
@@ -44,12 +44,19 @@ wait_for() { # NAME SECONDS CHECK...: wait until CHECK succeeds, or fail naming 
   done
 }
 
-stop_component() { # NAME: SIGTERM, then SIGKILL after 15 s
+alive() { # PID: running (a zombie waiting for its reaper counts as gone)
+  local st
+  st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  st=${st##*) }
+  [[ ${st:0:1} != Z ]]
+}
+
+stop_component() { # NAME [SECONDS]: SIGTERM, then SIGKILL after SECONDS (default 15)
   local pid i
   pid=$(pid_of "$1") || { rm -f "$PID_DIR/$1.pid"; return 0; }
   kill -TERM "$pid" 2>/dev/null || true
-  for i in $(seq 1 150); do [[ -d /proc/$pid ]] || break; sleep 0.1; done
-  if [[ -d /proc/$pid ]]; then kill -KILL "$pid" 2>/dev/null || true; sleep 0.2; fi
+  for i in $(seq 1 $(( ${2:-15} * 10 ))); do alive "$pid" || break; sleep 0.1; done
+  if alive "$pid"; then kill -KILL "$pid" 2>/dev/null || true; sleep 0.2; fi
   rm -f "$PID_DIR/$1.pid"
 }
 

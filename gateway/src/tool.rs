@@ -91,6 +91,31 @@ pub struct ToolMetadata {
     pub max_memory_bytes: Option<u64>,
 }
 
+impl ToolMetadata {
+    /// Metadata of an inline, pure, deterministic tool (version 1.0.0, no capabilities, no
+    /// approval, no sandbox): the shape of every built-in inline tool.
+    pub const fn pure_inline(
+        id: &'static str,
+        name: &'static str,
+        description: &'static str,
+        category: Category,
+    ) -> Self {
+        ToolMetadata {
+            id,
+            name,
+            description,
+            version: "1.0.0",
+            category,
+            sandbox_required: false,
+            side_effect: SideEffect::Pure,
+            determinism: Determinism::Deterministic,
+            required_capabilities: &[],
+            approval: ApprovalPolicy::Never,
+            max_memory_bytes: None,
+        }
+    }
+}
+
 /// A chunk of live output from a running tool (for `StreamTool`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StreamChunk {

@@ -36,9 +36,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::error::{ErrorCode, ToolError};
-use crate::tool::{
-    ApprovalPolicy, CallContext, Category, Determinism, SideEffect, ToolMetadata, TypedTool,
-};
+use crate::tool::{CallContext, Category, ToolMetadata, TypedTool};
 
 /// Longest expression accepted, in characters (seed 000's `max_length=1000`).
 pub const MAX_EXPRESSION_CHARS: usize = 1000;
@@ -79,22 +77,15 @@ impl TypedTool for Calculator {
     type Output = CalculatorOutput;
 
     fn metadata(&self) -> ToolMetadata {
-        ToolMetadata {
-            id: "calculator",
-            name: "Calculator",
-            description: "Evaluates an arithmetic expression safely, with Python's operators and \
+        ToolMetadata::pure_inline(
+            "calculator",
+            "Calculator",
+            "Evaluates an arithmetic expression safely, with Python's operators and \
                 precedence: numbers, + - * / // % ** and parentheses, the constants pi and e, and \
                 the functions sqrt, sin, cos, tan, log (log(x) or log(x, base)), log10, exp, abs \
                 and round (round(x) or round(x, digits)). Returns the value and a formatted string.",
-            version: "1.0.0",
-            category: Category::Computation,
-            sandbox_required: false,
-            side_effect: SideEffect::Pure,
-            determinism: Determinism::Deterministic,
-            required_capabilities: &[],
-            approval: ApprovalPolicy::Never,
-            max_memory_bytes: None,
-        }
+            Category::Computation,
+        )
     }
 
     /// Seed 000's `tools.yaml` gives the calculator 1000 ms.

@@ -5,9 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ToolError;
-use crate::tool::{
-    ApprovalPolicy, CallContext, Category, Determinism, SideEffect, ToolMetadata, TypedTool,
-};
+use crate::tool::{CallContext, Category, ToolMetadata, TypedTool};
 
 /// How `input` is to be read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
@@ -50,19 +48,12 @@ impl TypedTool for Hash {
     type Output = HashOutput;
 
     fn metadata(&self) -> ToolMetadata {
-        ToolMetadata {
-            id: "hash",
-            name: "Hash",
-            description: "Computes the BLAKE3 hash of a string (utf-8 text or base64 bytes) as lowercase hex.",
-            version: "1.0.0",
-            category: Category::Computation,
-            sandbox_required: false,
-            side_effect: SideEffect::Pure,
-            determinism: Determinism::Deterministic,
-            required_capabilities: &[],
-            approval: ApprovalPolicy::Never,
-            max_memory_bytes: None,
-        }
+        ToolMetadata::pure_inline(
+            "hash",
+            "Hash",
+            "Computes the BLAKE3 hash of a string (utf-8 text or base64 bytes) as lowercase hex.",
+            Category::Computation,
+        )
     }
 
     async fn run(&self, input: HashInput, _ctx: &CallContext) -> Result<HashOutput, ToolError> {

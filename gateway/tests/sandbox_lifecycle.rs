@@ -69,11 +69,7 @@ async fn cancel_kills_the_run() {
                 .await
         }
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        !host_processes_with(&m).is_empty(),
-        "the program should be running"
-    );
+    wait_for_marker(&m).await;
     let t = Instant::now();
     cancel.cancel();
     let rec = run.await.unwrap().unwrap();

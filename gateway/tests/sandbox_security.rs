@@ -515,7 +515,8 @@ async fn case36_concurrent_runs_are_isolated() {
         4_000,
     ));
     let b = async {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // A is running (seen from the host) before B looks for it.
+        wait_for_marker(&m).await;
         // The marker comes through the environment, so B's own command line lacks it.
         let mut run = spec(
             Language::Python,

@@ -113,3 +113,15 @@ pub fn host_processes_with(marker: &str) -> Vec<String> {
     }
     found
 }
+
+/// Waits (up to 15 s, for loaded machines) until a host process carries `marker`.
+pub async fn wait_for_marker(marker: &str) {
+    let end = std::time::Instant::now() + Duration::from_secs(15);
+    while host_processes_with(marker).is_empty() {
+        assert!(
+            std::time::Instant::now() < end,
+            "no process with marker {marker} appeared"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

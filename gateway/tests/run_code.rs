@@ -251,6 +251,7 @@ async fn client_cancellation_kills_the_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn excess_runs_queue_within_their_timeout() {
     let (s, c) = gateway("sandbox:\n  max_concurrent_runs: 1\n", 1000).await;
+    let metrics_url = format!("http://{}/metrics", s.admin_addr);
     let mut a = c.clone();
     let first = tokio::spawn(async move {
         call(
@@ -260,7 +261,12 @@ async fn excess_runs_queue_within_their_timeout() {
         )
         .await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until(
+        "the first run to hold the only slot",
+        Duration::from_secs(20),
+        || reqwest_like(&metrics_url).contains("toolrun_sandbox_inflight 1"),
+    )
+    .await;
     // Queued behind the first, then runs.
     let mut b = c.clone();
     let (r, out) = call(
@@ -282,7 +288,12 @@ async fn excess_runs_queue_within_their_timeout() {
         )
         .await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_until(
+        "the first run to hold the only slot",
+        Duration::from_secs(20),
+        || reqwest_like(&metrics_url).contains("toolrun_sandbox_inflight 1"),
+    )
+    .await;
     let mut r = req(
         "run_code",
         json!({"language": "bash", "code": "echo never"}),
@@ -297,7 +308,7 @@ async fn excess_runs_queue_within_their_timeout() {
             .contains("waiting for a free sandbox")
     );
     assert!(blocker.await.unwrap().0.ok);
-    let metrics = reqwest_like(&format!("http://{}/metrics", s.admin_addr));
+    let metrics = reqwest_like(&metrics_url);
     assert!(
         metrics.contains("toolrun_sandbox_runs_total{verdict=\"OK\"}"),
         "{metrics}"

@@ -53,14 +53,14 @@ impl ToolService {
             .max_encoding_message_size(max_message_bytes)
     }
 
-    fn call_request<T>(
-        &self,
-        request: &Request<T>,
+    /// The executor's request for `c`; `deadline` is the client's gRPC deadline, which
+    /// bounds the call too.
+    fn call_request(
+        deadline: Option<Duration>,
         c: pb::CallToolRequest,
     ) -> Result<CallRequest, Status> {
         let mut timeout_ms = c.timeout_ms;
-        // The client's gRPC deadline bounds the call too.
-        if let Some(deadline) = grpc_timeout(request) {
+        if let Some(deadline) = deadline {
             if deadline.is_zero() {
                 return Err(Status::deadline_exceeded(
                     "the call's deadline had already expired",
@@ -251,7 +251,9 @@ impl pb::tool_service_server::ToolService for ToolService {
         &self,
         request: Request<pb::CallToolRequest>,
     ) -> Result<Response<pb::CallToolResponse>, Status> {
-        let call = self.call_request(&request, request.get_ref().clone())?;
+        // Moved, not cloned: arguments can be megabytes.
+        let deadline = grpc_timeout(&request);
+        let call = Self::call_request(deadline, request.into_inner())?;
         let outcome = self.run(call, None).await;
         Ok(Response::new(pb::CallToolResponse {
             result: Some(to_proto(outcome)),
@@ -268,11 +270,12 @@ impl pb::tool_service_server::ToolService for ToolService {
                 "batch of {n} calls exceeds the limit of {MAX_BATCH}"
             )));
         }
+        let deadline = grpc_timeout(&request);
         let calls: Vec<CallRequest> = request
-            .get_ref()
+            .into_inner()
             .calls
-            .iter()
-            .map(|c| self.call_request(&request, c.clone()))
+            .into_iter()
+            .map(|c| Self::call_request(deadline, c))
             .collect::<Result<_, _>>()?;
         let results = futures::future::join_all(calls.into_iter().map(|c| self.run(c, None))).await;
         Ok(Response::new(pb::CallToolsResponse {
@@ -286,7 +289,8 @@ impl pb::tool_service_server::ToolService for ToolService {
         &self,
         request: Request<pb::CallToolRequest>,
     ) -> Result<Response<Self::StreamToolStream>, Status> {
-        let call = self.call_request(&request, request.get_ref().clone())?;
+        let deadline = grpc_timeout(&request);
+        let call = Self::call_request(deadline, request.into_inner())?;
         let (chunk_tx, mut chunk_rx) = mpsc::channel::<StreamChunk>(STREAM_BUFFER);
         let (event_tx, event_rx) = mpsc::channel::<Result<pb::ToolEvent, Status>>(16);
         let this = self.clone();

@@ -252,21 +252,7 @@ async fn client_cancellation_kills_the_run() {
 async fn excess_runs_queue_within_their_timeout() {
     let (s, c) = gateway("sandbox:\n  max_concurrent_runs: 1\n", 1000).await;
     let metrics_url = format!("http://{}/metrics", s.admin_addr);
-    let mut a = c.clone();
-    let first = tokio::spawn(async move {
-        call(
-            &mut a,
-            "run_code",
-            json!({"language": "bash", "code": "sleep 1.5; echo first"}),
-        )
-        .await
-    });
-    wait_until(
-        "the first run to hold the only slot",
-        Duration::from_secs(20),
-        || reqwest_like(&metrics_url).contains("toolrun_sandbox_inflight 1"),
-    )
-    .await;
+    let first = hold_only_slot(&c, "sleep 1.5; echo first", &metrics_url).await;
     // Queued behind the first, then runs.
     let mut b = c.clone();
     let (r, out) = call(
@@ -279,21 +265,7 @@ async fn excess_runs_queue_within_their_timeout() {
     assert_eq!(out["stdout"], "second\n");
     assert!(first.await.unwrap().0.ok);
     // A call whose whole budget passes in the queue times out without running.
-    let mut a = c.clone();
-    let blocker = tokio::spawn(async move {
-        call(
-            &mut a,
-            "run_code",
-            json!({"language": "bash", "code": "sleep 2"}),
-        )
-        .await
-    });
-    wait_until(
-        "the first run to hold the only slot",
-        Duration::from_secs(20),
-        || reqwest_like(&metrics_url).contains("toolrun_sandbox_inflight 1"),
-    )
-    .await;
+    let blocker = hold_only_slot(&c, "sleep 2", &metrics_url).await;
     let mut r = req(
         "run_code",
         json!({"language": "bash", "code": "echo never"}),
@@ -313,6 +285,24 @@ async fn excess_runs_queue_within_their_timeout() {
         metrics.contains("toolrun_sandbox_runs_total{verdict=\"OK\"}"),
         "{metrics}"
     );
+}
+
+/// Starts a bash run and returns once it holds the gateway's only sandbox slot.
+async fn hold_only_slot(
+    c: &Client,
+    code: &str,
+    metrics_url: &str,
+) -> tokio::task::JoinHandle<(pb::ToolResult, Value)> {
+    let mut a = c.clone();
+    let args = json!({"language": "bash", "code": code});
+    let run = tokio::spawn(async move { call(&mut a, "run_code", args).await });
+    wait_until(
+        "a run to hold the only slot",
+        Duration::from_secs(20),
+        || reqwest_like(metrics_url).contains("toolrun_sandbox_inflight 1"),
+    )
+    .await;
+    run
 }
 
 fn reqwest_like(url: &str) -> String {

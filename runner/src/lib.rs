@@ -29,11 +29,14 @@
 //! TIMEOUT (wall clock: `timed_out`; CPU rlimit: SIGXCPU, or SIGKILL after the CPU limit,
 //! message says CPU time), OUTPUT_LIMIT (a stream passed the cap; the program was
 //! killed), RUNTIME_ERROR (non-zero exit or a signal; `exit_code` = status or
-//! 128 + signal), OK. The runner cannot tell an OOM kill from another SIGKILL, nor a
-//! MemoryError from another exception: the backend that owns the memory limit corrects
-//! RUNTIME_ERROR to MEMORY_LIMIT (the local sandbox reads its memory cgroup).
+//! 128 + signal), MEMORY_LIMIT (the `oom_kill` counter of the runner's own memory cgroup
+//! rose during the run, see [`oom`]: how a pod's OOM kill of the program shows), OK.
+//! Where no counter is readable the runner cannot tell an OOM kill from another SIGKILL,
+//! nor a MemoryError from another exception: the backend that owns the memory limit
+//! corrects RUNTIME_ERROR to MEMORY_LIMIT (the local sandbox reads its memory cgroup).
 
 pub mod capture;
+pub mod oom;
 pub mod run;
 pub mod seccomp;
 

@@ -174,6 +174,8 @@ struct Run {
     child: Pid,
     started: Instant,
     rx: Receiver<Msg>,
+    /// The memory cgroup's OOM-kill counter and its value before the program started.
+    oom: Option<(crate::oom::OomCounter, u64)>,
 }
 
 impl Run {
@@ -218,6 +220,7 @@ impl Run {
             .stderr(Stdio::from(stderr_w))
             // Its own process group, so that a runner that is not PID 1 can signal it whole.
             .process_group(0);
+        let oom = crate::oom::OomCounter::find().and_then(|c| c.read().map(|n| (c, n)));
         let started = Instant::now();
         let child = cmd
             .spawn()
@@ -226,7 +229,12 @@ impl Run {
         drop(cmd);
         let child = Pid::from_raw(child.id() as i32);
         let _ = pid_tx.send(child);
-        Ok(Run { child, started, rx })
+        Ok(Run {
+            child,
+            started,
+            rx,
+            oom,
+        })
     }
 
     fn finish(self, spec: &RunSpec, out: &mut impl Write) -> RunRecord {
@@ -313,6 +321,10 @@ impl Run {
             Some((WaitStatus::Signaled(_, sig, _), cpu)) => (128 + sig as i32, Some(sig), cpu),
             _ => (128 + Signal::SIGKILL as i32, Some(Signal::SIGKILL), 0.0),
         };
+        let oom_killed = self
+            .oom
+            .as_ref()
+            .is_some_and(|(c, before)| c.read().is_some_and(|now| now > *before));
         let cpu_hit = limits.cpu_seconds > 0
             && (signal == Some(Signal::SIGXCPU)
                 || (signal == Some(Signal::SIGKILL) && cpu >= limits.cpu_seconds as f64));
@@ -346,6 +358,11 @@ impl Run {
             )
         } else if exit_code == 0 {
             (Verdict::Ok, String::new())
+        } else if oom_killed {
+            (
+                Verdict::MemoryLimit,
+                "killed by the out-of-memory killer: the memory limit was exceeded".to_string(),
+            )
         } else if let Some(sig) = signal {
             (Verdict::RuntimeError, format!("killed by signal {sig}"))
         } else {

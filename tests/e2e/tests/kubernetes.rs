@@ -1,0 +1,1186 @@
+//! toolrun on Kubernetes, end to end, on the real cluster: `helm install` of `helm/toolrun`
+//! (the CRD, the operator, the gateway with `--backend kubernetes`, the sandbox namespace),
+//! then calls through the in-cluster gateway with a real gRPC client, ToolRuns applied with
+//! kubectl, and the hostile programs of SECURITY-CASES.md that apply to pods.
+//!
+//! One release serves every test of this file (installed by the first test that needs it,
+//! `helm upgrade --install`, so a rerun reuses it): release `toolrun-e2e` in namespace
+//! `toolrun-e2e-system`, sandbox namespace `toolrun-e2e-sandbox`. The gateway is reached at
+//! its Service's ClusterIP: the test runs on the node, where kube-proxy routes it.
+//!
+//! Run: `tests/cluster/up && eval "$(tests/cluster/env)" &&
+//! TOOLRUN_REQUIRE_CLUSTER=1 cargo test -p toolrun-e2e --test kubernetes`.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use toolrun_crd::ToolRun;
+use toolrun_e2e::*;
+use toolrun_proto::v1 as pb;
+use toolrun_proto::v1::tool_service_client::ToolServiceClient;
+
+const RELEASE: &str = "toolrun-e2e";
+const SYSTEM_NS: &str = "toolrun-e2e-system";
+const SANDBOX_NS: &str = "toolrun-e2e-sandbox";
+
+/// What the shared release offers the tests.
+#[derive(Debug, Clone)]
+struct Deployed {
+    /// `http://<gateway ClusterIP>:50051`
+    gateway: String,
+    /// Gateway ClusterIP.
+    gateway_ip: String,
+    /// A gateway pod's IP.
+    gateway_pod_ip: String,
+    /// An operator pod's IP (its metrics port 9090 is open to the node).
+    operator_pod_ip: String,
+    /// The `kubernetes` Service's ClusterIP.
+    apiserver_ip: String,
+}
+
+static DEPLOYED: OnceLock<Option<Result<Deployed, String>>> = OnceLock::new();
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The shared release, installed on first use. `None`: no cluster (the test is skipped,
+/// unless TOOLRUN_REQUIRE_CLUSTER=1, which panics in `cluster`).
+fn deployed(test: &str) -> Option<Deployed> {
+    let test = test.to_string();
+    let d = DEPLOYED.get_or_init(move || {
+        // Its own runtime on its own thread: the caller is inside a test's runtime.
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let client = cluster(&test).await?;
+                Some(install(&client).await.map_err(|e| format!("{e:#}")))
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| Some(Err("the install thread panicked".into())))
+    });
+    match d {
+        None => None,
+        Some(Ok(d)) => Some(d.clone()),
+        Some(Err(e)) => panic!("installing the chart failed: {e}"),
+    }
+}
+
+fn run_cmd(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().with_context(|| {
+        format!("running {cmd:?} (is it on PATH? eval \"$(tests/cluster/env)\")")
+    })?;
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() {
+        bail!(
+            "{cmd:?} failed ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(stdout)
+}
+
+async fn install(client: &Client) -> Result<Deployed> {
+    let chart = repo().join("helm/toolrun");
+    let t = Instant::now();
+    let res = run_cmd(
+        Command::new("helm")
+            .args(["upgrade", "--install", RELEASE])
+            .arg(&chart)
+            .args(["--namespace", SYSTEM_NS, "--create-namespace"])
+            .args(["--set", &format!("sandbox.namespace={SANDBOX_NS}")])
+            .args(["--wait", "--timeout", "4m"]),
+    );
+    if let Err(e) = res {
+        let diag = run_cmd(Command::new("kubectl").args([
+            "get",
+            "all,events",
+            "-n",
+            SYSTEM_NS,
+            "-o",
+            "wide",
+        ]))
+        .unwrap_or_else(|e| format!("{e:#}"));
+        bail!("{e:#}\n--- kubectl get all,events -n {SYSTEM_NS} ---\n{diag}");
+    }
+    eprintln!("helm install of {RELEASE}: {:?}", t.elapsed());
+
+    let services: Api<Service> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let gateway_svc = services
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .find(|s| {
+            s.spec
+                .as_ref()
+                .and_then(|s| s.ports.as_ref())
+                .is_some_and(|ps| ps.iter().any(|p| p.port == 50051))
+        })
+        .context("no Service with port 50051 in the release namespace")?;
+    let gateway_ip = gateway_svc
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("gateway Service has no ClusterIP")?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+    let pod_ip = |component: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let lp =
+                ListParams::default().labels(&format!("app.kubernetes.io/component={component}"));
+            pods.list(&lp)
+                .await?
+                .items
+                .into_iter()
+                .filter(is_ready)
+                .find_map(|p| p.status.and_then(|s| s.pod_ip))
+                .with_context(|| format!("no ready {component} pod with an IP"))
+        }
+    };
+    let gateway_pod_ip = pod_ip("gateway").await?;
+    let operator_pod_ip = pod_ip("operator").await?;
+    let apiserver_ip = Api::<Service>::namespaced(client.clone(), "default")
+        .get("kubernetes")
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("kubernetes Service has no ClusterIP")?;
+    let d = Deployed {
+        gateway: format!("http://{gateway_ip}:50051"),
+        gateway_ip,
+        gateway_pod_ip,
+        operator_pod_ip,
+        apiserver_ip,
+    };
+    // The gateway answers before any test starts.
+    wait_until(
+        Duration::from_secs(60),
+        "the gateway to answer ListTools",
+        || {
+            let addr = d.gateway.clone();
+            async move {
+                let mut c = ToolServiceClient::connect(addr).await?;
+                Ok(!c
+                    .list_tools(pb::ListToolsRequest::default())
+                    .await?
+                    .into_inner()
+                    .tools
+                    .is_empty())
+            }
+        },
+    )
+    .await?;
+    Ok(d)
+}
+
+async fn client(d: &Deployed) -> ToolServiceClient<tonic::transport::Channel> {
+    ToolServiceClient::connect(d.gateway.clone())
+        .await
+        .expect("connecting to the gateway")
+        .max_decoding_message_size(16 << 20)
+}
+
+fn request(call_id: &str, args: Value) -> pb::CallToolRequest {
+    pb::CallToolRequest {
+        call_id: call_id.to_string(),
+        tool: "run_code".into(),
+        arguments_json: args.to_string(),
+        timeout_ms: 0,
+        session_id: String::new(),
+    }
+}
+
+/// A finished run_code call: its error code (None = ok) and output.
+#[derive(Debug)]
+struct Ran {
+    code: Option<pb::ErrorCode>,
+    message: String,
+    out: Value,
+}
+
+impl Ran {
+    fn stdout(&self) -> &str {
+        self.out["stdout"].as_str().unwrap_or("")
+    }
+    fn stderr(&self) -> &str {
+        self.out["stderr"].as_str().unwrap_or("")
+    }
+    fn exit_code(&self) -> i64 {
+        self.out["exit_code"].as_i64().unwrap_or(-1)
+    }
+}
+
+async fn run(d: &Deployed, call_id: String, args: Value) -> Result<Ran> {
+    let mut c = client(d).await;
+    let r = c
+        .call_tool(request(&call_id, args))
+        .await
+        .context("CallTool")?
+        .into_inner()
+        .result
+        .context("no result")?;
+    let out = if r.output_json.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&r.output_json)?
+    };
+    Ok(Ran {
+        code: r
+            .error
+            .as_ref()
+            .map(|e| pb::ErrorCode::try_from(e.code).unwrap()),
+        message: r.error.map(|e| e.message).unwrap_or_default(),
+        out,
+    })
+}
+
+fn unique(prefix: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!("{prefix}-{:x}", n % 0xffff_ffff)
+}
+
+/// The ToolRun the gateway made for `call_id`.
+async fn toolrun_of(client: &Client, call_id: &str) -> Result<ToolRun> {
+    let runs: Api<ToolRun> = Api::namespaced(client.clone(), SANDBOX_NS);
+    let lp = ListParams::default().labels(&format!("toolrun.dev/call-id={call_id}"));
+    let mut items = runs.list(&lp).await?.items;
+    ensure!(
+        items.len() == 1,
+        "{} ToolRuns for call {call_id}",
+        items.len()
+    );
+    Ok(items.remove(0))
+}
+
+// ----------------------------------------------------------------------- results
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_code_in_three_languages_through_grpc() {
+    let Some(d) = deployed("run-code-three-languages") else {
+        return;
+    };
+    let py = run(
+        &d,
+        unique("py"),
+        json!({"language": "python", "code": "import sys\nprint('out', sys.argv[1:])\nprint('err', file=sys.stderr)\nsys.exit(3)", "args": ["a", "b c"]}),
+    );
+    let js = run(
+        &d,
+        unique("js"),
+        json!({"language": "javascript", "code": "console.log('js', process.argv.slice(2).join('+')); console.error('warn'); process.exit(5)", "args": ["x", "y"]}),
+    );
+    let sh = run(
+        &d,
+        unique("sh"),
+        json!({"language": "bash", "code": "read line; echo \"got $line $1\"; echo oops >&2; exit 0", "args": ["z"], "stdin": "hello\n"}),
+    );
+    let ok = run(
+        &d,
+        unique("ok"),
+        json!({"language": "python", "code": "print(6*7)"}),
+    );
+    let (py, js, sh, ok) = tokio::join!(py, js, sh, ok);
+    let (py, js, sh, ok) = (py.unwrap(), js.unwrap(), sh.unwrap(), ok.unwrap());
+
+    assert_eq!(ok.code, None, "{ok:?}");
+    assert_eq!(ok.stdout(), "42\n");
+    assert_eq!(ok.exit_code(), 0);
+
+    assert_eq!(py.code, Some(pb::ErrorCode::ExecutionError), "{py:?}");
+    assert_eq!(py.stdout(), "out ['a', 'b c']\n");
+    assert_eq!(py.stderr(), "err\n");
+    assert_eq!(py.exit_code(), 3);
+
+    assert_eq!(js.code, Some(pb::ErrorCode::ExecutionError), "{js:?}");
+    assert_eq!(js.stdout(), "js x+y\n");
+    assert_eq!(js.stderr(), "warn\n");
+    assert_eq!(js.exit_code(), 5);
+
+    assert_eq!(sh.code, None, "{sh:?}");
+    assert_eq!(sh.stdout(), "got hello z\n");
+    assert_eq!(sh.stderr(), "oops\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_and_memory_bomb_give_typed_verdicts() {
+    let Some(d) = deployed("timeout-memory") else {
+        return;
+    };
+    let t0 = Instant::now();
+    let sleep = run(
+        &d,
+        unique("sleep"),
+        json!({"language": "python", "code": "import time\nprint('start', flush=True)\ntime.sleep(600)", "timeout": 2}),
+    );
+    let spin = run(
+        &d,
+        unique("spin"),
+        json!({"language": "javascript", "code": "while (true) {}", "timeout": 2}),
+    );
+    // SECURITY 3: 1 GiB under the default 256 MiB pod limit.
+    let bomb = run(
+        &d,
+        unique("bomb"),
+        json!({"language": "python", "code": "x = bytearray(1 << 30)\nprint(len(x))"}),
+    );
+    let (sleep, spin, bomb) = tokio::join!(sleep, spin, bomb);
+    let (sleep, spin, bomb) = (sleep.unwrap(), spin.unwrap(), bomb.unwrap());
+    assert_eq!(sleep.code, Some(pb::ErrorCode::Timeout), "{sleep:?}");
+    assert!(sleep.message.contains("timed out"), "{sleep:?}");
+    assert_eq!(
+        sleep.stdout(),
+        "start\n",
+        "output before the timeout is kept"
+    );
+    assert_eq!(sleep.out["timed_out"], true);
+    assert_eq!(spin.code, Some(pb::ErrorCode::Timeout), "{spin:?}");
+    // SECURITY 4: killed within the limit plus a second (the pod's start is not program time).
+    let ms = spin.out["duration_ms"].as_u64().unwrap();
+    assert!((2000..3000).contains(&ms), "spin ran {ms} ms");
+    assert_eq!(bomb.code, Some(pb::ErrorCode::MemoryLimit), "{bomb:?}");
+    assert!(bomb.message.contains("memory"), "{bomb:?}");
+    eprintln!("timeout + spin + bomb in {:?}", t0.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_tool_streams_pod_output_live() {
+    let Some(d) = deployed("stream-live") else {
+        return;
+    };
+    let mut c = client(&d).await;
+    let code =
+        "import time\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(1)";
+    let mut stream = c
+        .stream_tool(request(
+            &unique("stream"),
+            json!({"language": "python", "code": code}),
+        ))
+        .await
+        .expect("StreamTool")
+        .into_inner();
+    let t0 = Instant::now();
+    let mut first_chunk = None;
+    let mut text = String::new();
+    let mut result = None;
+    while let Some(ev) = stream.next().await {
+        match ev.expect("stream item").event {
+            Some(pb::tool_event::Event::Stdout(ch)) => {
+                first_chunk.get_or_insert(t0.elapsed());
+                text.push_str(&String::from_utf8_lossy(&ch.data));
+            }
+            Some(pb::tool_event::Event::Result(r)) => result = Some((r, t0.elapsed())),
+            _ => {}
+        }
+    }
+    let (r, done) = result.expect("a result event");
+    assert!(r.ok, "{r:?}");
+    assert_eq!(text, "tick 0\ntick 1\ntick 2\n");
+    let first = first_chunk.expect("stdout chunks");
+    // Live: the first line arrives while the program still sleeps (>= 2 s before the end).
+    assert!(
+        done >= first + Duration::from_millis(1500),
+        "first chunk at {first:?}, result at {done:?}: not live"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_deadline_cancels_the_toolrun() {
+    let Some(d) = deployed("deadline-cancels") else {
+        return;
+    };
+    let kube = Client::try_default().await.unwrap();
+    let id = unique("cancel");
+    let mut c = client(&d).await;
+    let mut req = tonic::Request::new(request(
+        &id,
+        json!({"language": "bash", "code": "echo started; sleep 300", "timeout": 60}),
+    ));
+    req.set_timeout(Duration::from_secs(6));
+    let res = c.call_tool(req).await;
+    assert!(res.is_err() || res.unwrap().into_inner().result.is_some_and(|r| !r.ok));
+    wait_until(
+        Duration::from_secs(30),
+        "the ToolRun to be cancelled",
+        || {
+            let kube = kube.clone();
+            let id = id.clone();
+            async move {
+                let tr = toolrun_of(&kube, &id).await?;
+                let verdict = tr.status.as_ref().and_then(|s| s.verdict);
+                Ok(tr.spec.cancel && verdict == Some(toolrun_crd::Verdict::Cancelled))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let lp = ListParams::default().labels(&format!("toolrun.dev/call-id={id}"));
+    wait_until(
+        Duration::from_secs(30),
+        "the cancelled run's pod to go",
+        || {
+            let pods = pods.clone();
+            let lp = lp.clone();
+            async move { Ok(pods.list(&lp).await?.items.is_empty()) }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+// ----------------------------------------------------------------------- the pod
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_pod_is_locked_down() {
+    let Some(d) = deployed("pod-locked-down") else {
+        return;
+    };
+    let kube = Client::try_default().await.unwrap();
+    let id = unique("spec");
+    let r = run(
+        &d,
+        id.clone(),
+        json!({"language": "python", "code": "print('x')"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.code, None, "{r:?}");
+    let tr = toolrun_of(&kube, &id).await.unwrap();
+    let status = tr.status.clone().expect("status");
+    assert_eq!(status.phase, Some(toolrun_crd::Phase::Succeeded));
+    assert_eq!(status.stdout.as_deref(), Some("x\n"));
+    let pod_name = status.pod_name.expect("podName");
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let pod = pods
+        .get(&pod_name)
+        .await
+        .expect("the run's pod is kept until the TTL");
+    let v = serde_json::to_value(&pod).unwrap();
+    let spec = &v["spec"];
+    let labels = &v["metadata"]["labels"];
+    assert_eq!(labels["toolrun.dev/sandbox"], "true");
+    assert_eq!(
+        labels["toolrun.dev/run"],
+        tr.metadata.name.clone().unwrap().as_str()
+    );
+    assert_eq!(labels["toolrun.dev/call-id"], id.as_str());
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    assert_eq!(spec["enableServiceLinks"], false);
+    assert_eq!(spec["restartPolicy"], "Never");
+    assert_eq!(spec["dnsPolicy"], "None");
+    assert!(
+        spec["activeDeadlineSeconds"]
+            .as_i64()
+            .is_some_and(|s| s > 0)
+    );
+    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        spec["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert!(spec["hostNetwork"].is_null() || spec["hostNetwork"] == false);
+    assert!(spec["hostPID"].is_null() || spec["hostPID"] == false);
+    let owner = &v["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "ToolRun");
+    assert_eq!(owner["controller"], true);
+    let tmp = spec["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["emptyDir"]["medium"] == "Memory")
+        .expect("a memory-backed volume");
+    assert!(tmp["emptyDir"]["sizeLimit"].is_string(), "{tmp}");
+    let containers: Vec<&Value> = spec["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain(spec["initContainers"].as_array().unwrap())
+        .collect();
+    assert_eq!(containers.len(), 2);
+    for c in containers {
+        let sc = &c["securityContext"];
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{}", c["name"]);
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{}", c["name"]);
+        assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{}", c["name"]);
+        assert!(sc["privileged"].is_null() || sc["privileged"] == false);
+        assert!(sc["capabilities"]["add"].is_null());
+        assert_eq!(
+            c["resources"]["requests"], c["resources"]["limits"],
+            "{}",
+            c["name"]
+        );
+        for r in ["cpu", "memory"] {
+            assert!(
+                c["resources"]["limits"][r].is_string(),
+                "{} has no {r} limit",
+                c["name"]
+            );
+        }
+        let mounts = c["volumeMounts"].as_array().cloned().unwrap_or_default();
+        assert!(
+            !mounts.iter().any(|m| m["mountPath"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("/var/run/secrets")),
+            "{} mounts a token",
+            c["name"]
+        );
+    }
+    // The deny-all NetworkPolicy is in place and selects the pod's label.
+    let np: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(kube.clone(), SANDBOX_NS);
+    let np = np
+        .get("toolrun-sandbox-deny-all")
+        .await
+        .expect("deny-all policy");
+    let np = serde_json::to_value(np).unwrap();
+    assert_eq!(
+        np["spec"]["podSelector"]["matchLabels"]["toolrun.dev/sandbox"],
+        "true"
+    );
+    let types: BTreeSet<&str> = np["spec"]["policyTypes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t.as_str())
+        .collect();
+    assert_eq!(types, BTreeSet::from(["Ingress", "Egress"]));
+    assert!(
+        np["spec"]["ingress"]
+            .as_array()
+            .is_none_or(|a| a.is_empty())
+    );
+    assert!(np["spec"]["egress"].as_array().is_none_or(|a| a.is_empty()));
+}
+
+// ----------------------------------------------------------------------- kubectl only
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn toolrun_applied_with_kubectl_runs_and_shows_its_result() {
+    let Some(_d) = deployed("kubectl-apply") else {
+        return;
+    };
+    let name = unique("kubectl");
+    let manifest = format!(
+        r#"apiVersion: toolrun.dev/v1alpha1
+kind: ToolRun
+metadata:
+  name: {name}
+  namespace: {SANDBOX_NS}
+spec:
+  tool: run_code
+  callId: {name}
+  language: bash
+  code: |
+    echo "hello from $1"
+    echo "to stderr" >&2
+    exit 4
+  args: ["kubectl"]
+  limits:
+    timeoutSeconds: 20
+    memoryMiB: 64
+"#
+    );
+    let path = std::env::temp_dir().join(format!("{name}.yaml"));
+    std::fs::write(&path, manifest).unwrap();
+    run_cmd(Command::new("kubectl").arg("apply").arg("-f").arg(&path)).unwrap();
+    let kube = Client::try_default().await.unwrap();
+    let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    wait_until(
+        Duration::from_secs(90),
+        "the applied ToolRun to finish",
+        || {
+            let runs = runs.clone();
+            let name = name.clone();
+            async move {
+                Ok(runs
+                    .get(&name)
+                    .await?
+                    .status
+                    .and_then(|s| s.phase)
+                    .is_some_and(|p| p.is_finished()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let yaml = run_cmd(
+        Command::new("kubectl").args(["get", "toolrun", &name, "-n", SANDBOX_NS, "-o", "yaml"]),
+    )
+    .unwrap();
+    for want in [
+        "phase: Failed",
+        "verdict: RUNTIME_ERROR",
+        "exitCode: 4",
+        "hello from kubectl",
+        "to stderr",
+        "podName:",
+    ] {
+        assert!(yaml.contains(want), "no {want:?} in:\n{yaml}");
+    }
+    let table =
+        run_cmd(Command::new("kubectl").args(["get", "tr", &name, "-n", SANDBOX_NS])).unwrap();
+    assert!(
+        table.contains("RUNTIME_ERROR") && table.contains("bash"),
+        "printer columns: {table}"
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_runs_are_removed_after_their_ttl() {
+    let Some(_d) = deployed("ttl") else {
+        return;
+    };
+    let kube = Client::try_default().await.unwrap();
+    let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let name = unique("ttl");
+    let tr: ToolRun = serde_json::from_value(json!({
+        "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
+        "metadata": {"name": name},
+        "spec": {"tool": "run_code", "callId": name, "language": "python",
+                 "code": "print('short-lived')", "ttlSecondsAfterFinished": 2}
+    }))
+    .unwrap();
+    runs.create(&PostParams::default(), &tr).await.unwrap();
+    // It finishes (with a pod and a ConfigMap) ...
+    wait_until(Duration::from_secs(90), "the run to finish", || {
+        let runs = runs.clone();
+        let name = name.clone();
+        async move {
+            Ok(runs
+                .get_opt(&name)
+                .await?
+                .and_then(|r| r.status)
+                .and_then(|s| s.phase)
+                .is_some_and(|p| p.is_finished())
+                // or is already gone: the TTL is short
+                || runs.get_opt(&name).await?.is_none())
+        }
+    })
+    .await
+    .unwrap();
+    // ... then nothing of it remains.
+    let lp = ListParams::default().labels(&format!("toolrun.dev/run={name}"));
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let cms: Api<ConfigMap> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    wait_until(
+        Duration::from_secs(60),
+        "ToolRun, pod and ConfigMap to be gone",
+        || {
+            let (runs, pods, cms, lp, name) = (
+                runs.clone(),
+                pods.clone(),
+                cms.clone(),
+                lp.clone(),
+                name.clone(),
+            );
+            async move {
+                Ok(runs.get_opt(&name).await?.is_none()
+                    && pods.list(&lp).await?.items.is_empty()
+                    && cms.list(&lp).await?.items.is_empty())
+            }
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_operator_mid_run_loses_nothing_and_makes_no_second_pod() {
+    let Some(_d) = deployed("operator-killed") else {
+        return;
+    };
+    let kube = Client::try_default().await.unwrap();
+    let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let sandbox_pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let system_pods: Api<Pod> = Api::namespaced(kube.clone(), SYSTEM_NS);
+    let name = unique("killop");
+    let tr: ToolRun = serde_json::from_value(json!({
+        "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
+        "metadata": {"name": name},
+        "spec": {"tool": "run_code", "callId": name, "language": "bash",
+                 "code": "echo begin; sleep 8; echo end"}
+    }))
+    .unwrap();
+    runs.create(&PostParams::default(), &tr).await.unwrap();
+    let lp = ListParams::default().labels(&format!("toolrun.dev/run={name}"));
+    wait_until(
+        Duration::from_secs(60),
+        "the run's pod to be running",
+        || {
+            let (pods, lp) = (sandbox_pods.clone(), lp.clone());
+            async move {
+                Ok(pods
+                    .list(&lp)
+                    .await?
+                    .items
+                    .iter()
+                    .any(|p| phase(p) == "Running"))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let first: Vec<String> = sandbox_pods
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.metadata.uid.clone().unwrap())
+        .collect();
+    // Kill every operator pod, now, without grace.
+    let ops = ListParams::default().labels("app.kubernetes.io/component=operator");
+    let killed: Vec<String> = system_pods
+        .list(&ops)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+    assert!(!killed.is_empty(), "no operator pod found");
+    for p in &killed {
+        system_pods
+            .delete(
+                p,
+                &DeleteParams {
+                    grace_period_seconds: Some(0),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    // The replacement records the result ...
+    wait_until(
+        Duration::from_secs(120),
+        "the result to be recorded",
+        || {
+            let (runs, name) = (runs.clone(), name.clone());
+            async move {
+                Ok(runs
+                    .get(&name)
+                    .await?
+                    .status
+                    .and_then(|s| s.phase)
+                    .is_some_and(|p| p.is_finished()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let st = runs.get(&name).await.unwrap().status.unwrap();
+    assert_eq!(st.verdict, Some(toolrun_crd::Verdict::Ok), "{st:?}");
+    assert_eq!(st.stdout.as_deref(), Some("begin\nend\n"));
+    // ... from the same, only pod.
+    let after: Vec<String> = sandbox_pods
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.metadata.uid.clone().unwrap())
+        .collect();
+    assert_eq!(first, after, "the run got another pod");
+    assert_eq!(after.len(), 1);
+    let new_ops = system_pods.list(&ops).await.unwrap().items;
+    assert!(
+        new_ops
+            .iter()
+            .all(|p| !killed.contains(p.metadata.name.as_ref().unwrap())),
+        "a killed operator pod is still listed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spec_injection_is_rejected() {
+    // SECURITY 39: privileges, host paths, host namespaces, capabilities through the CR.
+    let Some(d) = deployed("spec-injection") else {
+        return;
+    };
+    let name = unique("inject");
+    let manifest = format!(
+        r#"apiVersion: toolrun.dev/v1alpha1
+kind: ToolRun
+metadata: {{name: {name}, namespace: {SANDBOX_NS}}}
+spec:
+  tool: run_code
+  callId: {name}
+  language: python
+  code: print(1)
+  privileged: true
+  hostNetwork: true
+  hostPath: /etc
+  capabilities: {{add: [SYS_ADMIN]}}
+  securityContext: {{runAsUser: 0}}
+"#
+    );
+    let path = std::env::temp_dir().join(format!("{name}.yaml"));
+    std::fs::write(&path, &manifest).unwrap();
+    // kubectl validates strictly: every unknown field is an error, nothing is created.
+    let err = run_cmd(Command::new("kubectl").arg("apply").arg("-f").arg(&path)).unwrap_err();
+    let err = format!("{err:#}");
+    for f in [
+        "privileged",
+        "hostNetwork",
+        "hostPath",
+        "capabilities",
+        "securityContext",
+    ] {
+        assert!(err.contains(f), "{f} not reported in: {err}");
+    }
+    // Without strict validation the API server prunes them: the run is an ordinary one.
+    run_cmd(
+        Command::new("kubectl")
+            .args(["apply", "--validate=false", "-f"])
+            .arg(&path),
+    )
+    .unwrap();
+    let kube = Client::try_default().await.unwrap();
+    let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let stored = serde_json::to_value(runs.get(&name).await.unwrap()).unwrap();
+    for f in [
+        "privileged",
+        "hostNetwork",
+        "hostPath",
+        "capabilities",
+        "securityContext",
+    ] {
+        assert!(stored["spec"][f].is_null(), "{f} was stored: {stored}");
+    }
+    // Bounds: a negative or huge limit, an env name that is not an identifier.
+    let bad: ToolRun = serde_json::from_value(json!({
+        "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
+        "metadata": {"name": unique("bad")},
+        "spec": {"tool": "run_code", "callId": "x", "language": "python", "code": "1",
+                 "limits": {"memoryMiB": 1000000}, "env": [{"name": "A;rm -rf /", "value": "1"}]}
+    }))
+    .unwrap();
+    let e = runs.create(&PostParams::default(), &bad).await.unwrap_err();
+    let e = e.to_string();
+    assert!(e.contains("memoryMiB") && e.contains("env"), "{e}");
+    // Code and arguments are data, never a shell line.
+    let r = run(
+        &d,
+        unique("meta"),
+        json!({"language": "python", "code": "import sys; print(sys.argv[1:])",
+               "args": ["$(touch /tmp/pwned)", "; id", "`id`", "'\"\\"]}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.code, None, "{r:?}");
+    assert_eq!(
+        r.stdout(),
+        "['$(touch /tmp/pwned)', '; id', '`id`', '\\'\"\\\\']\n"
+    );
+    let _ = std::fs::remove_file(path);
+}
+
+// ----------------------------------------------------------------------- SECURITY-CASES
+
+/// Runs a python program in the sandbox and returns it (expecting success unless told).
+async fn py(d: &Deployed, code: &str, args: &[&str]) -> Ran {
+    run(
+        d,
+        unique("sec"),
+        json!({"language": "python", "code": code, "args": args, "timeout": 20}),
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandbox_cannot_reach_anything_on_the_network() {
+    // SECURITY 29, 30, 31, 32, 34.
+    let Some(d) = deployed("network") else {
+        return;
+    };
+    let targets = [
+        format!("{}:50051", d.gateway_ip),
+        format!("{}:50051", d.gateway_pod_ip),
+        format!("{}:9090", d.operator_pod_ip),
+        format!("{}:443", d.apiserver_ip),
+        "10.87.0.1:6443".to_string(), // the API server on the node
+        "169.254.169.254:80".to_string(),
+        "1.1.1.1:443".to_string(),
+    ];
+    // Controls: from the node the same endpoints answer (except the outside ones).
+    for t in &targets[..5] {
+        let addr: std::net::SocketAddr = t.parse().unwrap();
+        std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+            .unwrap_or_else(|e| panic!("control: {t} does not answer from the node: {e}"));
+    }
+    let code = r#"
+import socket, sys, os
+for t in sys.argv[1:]:
+    host, port = t.rsplit(':', 1)
+    s = socket.socket()
+    s.settimeout(3)
+    try:
+        s.connect((host, int(port)))
+        print(t, 'CONNECTED')
+    except OSError as e:
+        print(t, 'blocked', type(e).__name__)
+    finally:
+        s.close()
+try:
+    socket.getaddrinfo('kubernetes.default.svc.cluster.local', 443)
+    print('dns RESOLVED')
+except OSError as e:
+    print('dns blocked', type(e).__name__)
+print('token', os.path.exists('/var/run/secrets/kubernetes.io/serviceaccount/token'))
+print('kube env', sorted(k for k in os.environ if k.startswith('KUBERNETES') or k.endswith('_SERVICE_HOST')))
+"#;
+    let args: Vec<&str> = targets.iter().map(String::as_str).collect();
+    let r = py(&d, code, &args).await;
+    assert_eq!(r.code, None, "{r:?}");
+    let out = r.stdout();
+    assert!(
+        !out.contains("CONNECTED"),
+        "the sandbox reached something:\n{out}"
+    );
+    for t in &targets {
+        assert!(
+            out.contains(&format!("{t} blocked")),
+            "{t} not tried:\n{out}"
+        );
+    }
+    assert!(out.contains("dns blocked"), "{out}");
+    assert!(out.contains("token False"), "{out}");
+    assert!(out.contains("kube env []"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listening_sandbox_is_unreachable_from_other_pods() {
+    // SECURITY 34: a run may listen, nobody can connect to it.
+    let Some(d) = deployed("listen") else {
+        return;
+    };
+    let kube = Client::try_default().await.unwrap();
+    let id = unique("listen");
+    let listener = {
+        let d = d.clone();
+        let id = id.clone();
+        tokio::spawn(async move {
+            run(
+                &d,
+                id,
+                json!({"language": "python", "timeout": 30, "code":
+                    "import socket\ns = socket.socket()\ns.bind(('0.0.0.0', 8080))\ns.listen()\nprint('listening', flush=True)\ns.settimeout(25)\ntry:\n    c, a = s.accept()\n    print('ACCEPTED', a)\nexcept OSError as e:\n    print('nobody came', type(e).__name__)"}),
+            )
+            .await
+        })
+    };
+    // Its pod IP, once running.
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let lp = ListParams::default().labels(&format!("toolrun.dev/call-id={id}"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ip = loop {
+        let ip = pods
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|p| phase(p) == "Running")
+            .find_map(|p| p.status.and_then(|s| s.pod_ip));
+        if let Some(ip) = ip {
+            break ip;
+        }
+        assert!(Instant::now() < deadline, "the listening pod never ran");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    // A client pod in a namespace without policies tries to connect, for 10 s.
+    run_in_namespace("listen-client", |ns| async move {
+        let script = format!(
+            "import socket, time\nok = False\nfor i in range(10):\n    s = socket.socket(); s.settimeout(1)\n    try:\n        s.connect(('{ip}', 8080)); ok = True; break\n    except OSError:\n        time.sleep(0.5)\nprint('CONNECTED' if ok else 'refused-or-timeout')"
+        );
+        let pods = ns.pods();
+        pods.create(&PostParams::default(), &sandbox_pod("client", &[], python(&script)))
+            .await?;
+        wait_pod(&pods, "client", Duration::from_secs(90), "finished", is_finished).await?;
+        let log = logs(&pods, "client").await?;
+        ensure!(log.contains("refused-or-timeout"), "client log: {log}");
+        Ok(())
+    })
+    .await;
+    let r = listener.await.unwrap().unwrap();
+    assert!(r.stdout().contains("listening"), "{r:?}");
+    assert!(!r.stdout().contains("ACCEPTED"), "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_programs_get_typed_results_and_the_gateway_keeps_serving() {
+    let Some(d) = deployed("hostile") else {
+        return;
+    };
+    // SECURITY 1: fork bombs (bash and python) end with a verdict, not a hang.
+    let bash_bomb = run(
+        &d,
+        unique("forkbomb-sh"),
+        json!({"language": "bash", "code": ":(){ :|:& };:", "timeout": 5}),
+    );
+    let py_bomb = run(
+        &d,
+        unique("forkbomb-py"),
+        json!({"language": "python", "timeout": 5, "code":
+            "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"}),
+    );
+    // SECURITY 11: a 1 GB stdout flood without newlines is cut at the cap and flagged.
+    let flood = run(
+        &d,
+        unique("flood"),
+        json!({"language": "python", "timeout": 20, "code":
+            "import sys\nb = 'x' * 65536\nfor _ in range(16384):\n    sys.stdout.write(b)"}),
+    );
+    let (bash_bomb, py_bomb, flood) = tokio::join!(bash_bomb, py_bomb, flood);
+    for (what, r) in [
+        ("bash fork bomb", bash_bomb.unwrap()),
+        ("python fork bomb", py_bomb.unwrap()),
+    ] {
+        assert!(
+            matches!(
+                r.code,
+                Some(
+                    pb::ErrorCode::Timeout
+                        | pb::ErrorCode::ExecutionError
+                        | pb::ErrorCode::MemoryLimit
+                )
+            ),
+            "{what}: {r:?}"
+        );
+    }
+    let flood = flood.unwrap();
+    assert_eq!(flood.code, Some(pb::ErrorCode::OutputLimit), "{flood:?}");
+    assert_eq!(flood.out["stdout_truncated"], true);
+    assert!(flood.stdout().len() <= 262_144, "{}", flood.stdout().len());
+
+    // SECURITY 8, 13, 14, 19, 20, 24 in one program.
+    let probe = r#"
+import os, errno
+def attempt(what, f):
+    try:
+        f(); print(what, 'ALLOWED')
+    except OSError as e:
+        print(what, 'denied', errno.errorcode.get(e.errno, e.errno))
+attempt('shadow', lambda: open('/etc/shadow').read())
+attempt('root-write', lambda: open('/etc/pwned', 'w').write('x'))
+attempt('usr-write', lambda: open('/usr/bin/pwned', 'w').write('x'))
+attempt('environ1', lambda: open('/proc/1/environ').read())
+def fill():
+    with open('/tmp/fill', 'wb') as f:
+        while True:
+            f.write(b'\0' * (1 << 20))
+attempt('tmp-fill', fill)
+os.remove('/tmp/fill')
+print('fds', sorted(int(x) for x in os.listdir('/proc/self/fd')))
+for l in open('/proc/self/status'):
+    if l.startswith(('CapEff', 'CapPrm', 'CapBnd', 'NoNewPrivs', 'Seccomp:')):
+        print(l.split()[0], l.split()[1])
+print('env', sorted(os.environ))
+print('uid', os.getuid(), os.geteuid())
+"#;
+    let r = py(&d, probe, &[]).await;
+    assert_eq!(r.code, None, "{r:?}");
+    let out = r.stdout();
+    for want in [
+        "shadow denied",
+        "root-write denied EROFS",
+        "usr-write denied EROFS",
+        "environ1 denied",
+        "tmp-fill denied ENOSPC",
+        "CapEff: 0000000000000000",
+        "CapPrm: 0000000000000000",
+        "NoNewPrivs: 1",
+        "Seccomp: 2",
+        "uid 65534 65534",
+    ] {
+        assert!(out.contains(want), "no {want:?} in:\n{out}");
+    }
+    // Only fds 0-2 (plus the one listdir itself opens).
+    let fds = out.lines().find(|l| l.starts_with("fds")).unwrap();
+    assert!(fds == "fds [0, 1, 2, 3]", "{fds}");
+    // Exactly the operator's base environment: nothing of the gateway, operator or node.
+    let env = out.lines().find(|l| l.starts_with("env")).unwrap();
+    assert_eq!(
+        env, "env ['HOME', 'LANG', 'PATH', 'PYTHONDONTWRITEBYTECODE']",
+        "environment leak"
+    );
+
+    // SECURITY 35: a file left by one run is invisible to the next.
+    let a = py(
+        &d,
+        "open('/tmp/left-by-a', 'w').write('secret'); print('wrote')",
+        &[],
+    )
+    .await;
+    assert_eq!(a.stdout(), "wrote\n", "{a:?}");
+    let b = py(
+        &d,
+        "import os; print(os.path.exists('/tmp/left-by-a'))",
+        &[],
+    )
+    .await;
+    assert_eq!(b.stdout(), "False\n", "{b:?}");
+
+    // The gateway still serves, inline and sandboxed.
+    let mut c = client(&d).await;
+    let calc = c
+        .call_tool(pb::CallToolRequest {
+            call_id: "calc".into(),
+            tool: "calculator".into(),
+            arguments_json: r#"{"expression":"2+2"}"#.into(),
+            timeout_ms: 0,
+            session_id: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .result
+        .unwrap();
+    assert!(calc.ok, "{calc:?}");
+    let after = py(&d, "print('still here')", &[]).await;
+    assert_eq!(after.stdout(), "still here\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_reports_the_kubernetes_backend() {
+    let Some(d) = deployed("readyz") else {
+        return;
+    };
+    let kube = Client::try_default().await.unwrap();
+    let deps: Api<Deployment> = Api::namespaced(kube.clone(), SYSTEM_NS);
+    let n = deps.list(&ListParams::default()).await.unwrap().items.len();
+    assert!(n >= 2, "{n} deployments");
+    let mut c = client(&d).await;
+    let tools = c
+        .list_tools(pb::ListToolsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .tools;
+    let names: BTreeSet<String> = tools.into_iter().map(|t| t.name).collect();
+    for t in ["calculator", "echo", "hash", "run_code"] {
+        assert!(names.contains(t), "{t} missing from {names:?}");
+    }
+}

@@ -34,6 +34,8 @@ fn print_one() -> SandboxRun {
             limits: runner_limits(&limits, 5_000),
         },
         limits,
+        tool: "run_code".into(),
+        call_id: "bench".into(),
     }
 }
 

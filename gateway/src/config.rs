@@ -80,12 +80,100 @@ impl Default for ToolConfig {
 }
 
 /// Which backend runs sandboxed code.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     /// A Linux sandbox per call on this machine.
     #[default]
     Local,
+    /// A ToolRun per call, run by the toolrun operator as a locked-down pod.
+    Kubernetes,
+}
+
+/// Concurrent runs of the kubernetes backend when `max_concurrent_runs` is unset: runs
+/// happen on the cluster, so the gateway only holds a watch entry and a few buffers each.
+pub const DEFAULT_KUBERNETES_CONCURRENT_RUNS: usize = 256;
+
+/// Settings of the kubernetes backend (`sandbox.kubernetes`; camelCase keys, as in the
+/// ToolRun resource and the operator's configuration).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default, rename_all = "camelCase")]
+pub struct KubernetesConfig {
+    /// Namespace where ToolRuns are created (the operator's sandbox namespace).
+    pub namespace: String,
+    /// Seconds a finished ToolRun (with its pod and ConfigMap) is kept, 0..=604800;
+    /// unset takes the operator's default.
+    pub ttl_seconds_after_finished: Option<u32>,
+    /// RuntimeClass for the pods (e.g. `gvisor`); the operator must allow it.
+    pub runtime_class_name: Option<String>,
+    /// How long a run may wait for its pod to start, 1..=3600 s, on top of the program's
+    /// timeout; past both the ToolRun is cancelled and the call fails.
+    pub start_timeout_seconds: u64,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        KubernetesConfig {
+            namespace: "toolrun-sandbox".into(),
+            ttl_seconds_after_finished: Some(300),
+            runtime_class_name: None,
+            start_timeout_seconds: 120,
+        }
+    }
+}
+
+impl KubernetesConfig {
+    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+        let invalid = |field: &str, message: String| ConfigError::Invalid {
+            key: format!("{key}.{field}"),
+            message,
+        };
+        if !is_dns_label(&self.namespace) {
+            return Err(invalid(
+                "namespace",
+                format!(
+                    "{:?} is not a namespace name (1-63 lowercase letters, digits and '-', \
+                     starting and ending with a letter or digit)",
+                    self.namespace
+                ),
+            ));
+        }
+        if let Some(ttl) = self.ttl_seconds_after_finished
+            && ttl > 604_800
+        {
+            return Err(invalid(
+                "ttlSecondsAfterFinished",
+                format!("{ttl} is out of range 0..=604800"),
+            ));
+        }
+        if let Some(rc) = &self.runtime_class_name {
+            let ok = !rc.is_empty() && rc.len() <= 253 && rc.split('.').all(is_dns_label);
+            if !ok {
+                return Err(invalid(
+                    "runtimeClassName",
+                    format!("{rc:?} is not a RuntimeClass name (a DNS subdomain)"),
+                ));
+            }
+        }
+        if !(1..=3600).contains(&self.start_timeout_seconds) {
+            return Err(invalid(
+                "startTimeoutSeconds",
+                format!("{} is out of range 1..=3600", self.start_timeout_seconds),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A DNS-1123 label: what Kubernetes accepts as a namespace name.
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
 /// Sandbox settings.
@@ -110,6 +198,8 @@ pub struct SandboxConfig {
     /// Refuse to start when a required isolation mechanism is unavailable (default true).
     /// When false the gateway starts and reports the missing mechanism in /readyz and logs.
     pub require_full_isolation: bool,
+    /// The kubernetes backend's settings (used when `backend: kubernetes`).
+    pub kubernetes: KubernetesConfig,
 }
 
 impl Default for SandboxConfig {
@@ -126,6 +216,7 @@ impl Default for SandboxConfig {
             limits: Limits::default(),
             default_timeout_seconds: 10,
             require_full_isolation: true,
+            kubernetes: KubernetesConfig::default(),
         }
     }
 }
@@ -287,6 +378,7 @@ impl Config {
     /// Checks ranges that the types cannot express.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.sandbox.limits.validate("sandbox.limits")?;
+        self.sandbox.kubernetes.validate("sandbox.kubernetes")?;
         if self.sandbox.max_concurrent_runs == Some(0) {
             return Err(ConfigError::Invalid {
                 key: "sandbox.max_concurrent_runs".into(),
@@ -355,6 +447,56 @@ mod tests {
             err.to_string().contains("tools.run_code.timeout_ms"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn kubernetes_section_is_parsed_and_checked() {
+        let c = Config::from_yaml(
+            "sandbox:\n  backend: kubernetes\n  kubernetes:\n    namespace: runs\n    \
+             ttlSecondsAfterFinished: 60\n    runtimeClassName: gvisor\n",
+        )
+        .unwrap();
+        assert_eq!(c.sandbox.backend, BackendKind::Kubernetes);
+        assert_eq!(c.sandbox.kubernetes.namespace, "runs");
+        assert_eq!(c.sandbox.kubernetes.ttl_seconds_after_finished, Some(60));
+        assert_eq!(
+            c.sandbox.kubernetes.runtime_class_name.as_deref(),
+            Some("gvisor")
+        );
+        assert_eq!(c.sandbox.kubernetes.start_timeout_seconds, 120);
+        let c = Config::from_yaml(
+            "sandbox:\n  kubernetes:\n    ttlSecondsAfterFinished: null\n    runtimeClassName: null\n",
+        )
+        .unwrap();
+        assert_eq!(c.sandbox.kubernetes.ttl_seconds_after_finished, None);
+        for (yaml, key) in [
+            ("namespace: Bad_NS", "sandbox.kubernetes.namespace"),
+            ("namespace: ''", "sandbox.kubernetes.namespace"),
+            (
+                "ttlSecondsAfterFinished: 604801",
+                "sandbox.kubernetes.ttlSecondsAfterFinished",
+            ),
+            (
+                "runtimeClassName: 'g visor'",
+                "sandbox.kubernetes.runtimeClassName",
+            ),
+            (
+                "startTimeoutSeconds: 0",
+                "sandbox.kubernetes.startTimeoutSeconds",
+            ),
+            (
+                "startTimeoutSeconds: 3601",
+                "sandbox.kubernetes.startTimeoutSeconds",
+            ),
+            ("namespce: x", "sandbox.kubernetes"),
+        ] {
+            let err = Config::from_yaml(&format!("sandbox:\n  kubernetes:\n    {yaml}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{yaml}: {err}");
+        }
+        assert!(is_dns_label("toolrun-sandbox") && is_dns_label(&"a".repeat(63)));
+        assert!(!is_dns_label(&"a".repeat(64)) && !is_dns_label("-a") && !is_dns_label("a-"));
     }
 
     #[test]

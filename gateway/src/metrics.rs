@@ -43,6 +43,10 @@ pub struct Metrics {
     pub sandbox_inflight: Gauge,
     /// Sandbox runs waiting for a slot.
     pub sandbox_queued: Gauge,
+    /// Kubernetes backend: times the shared ToolRun watch failed and was re-established.
+    pub kube_watch_restarts: Counter,
+    /// Kubernetes backend: ToolRuns created and not yet finished.
+    pub kube_inflight_runs: Gauge,
 }
 
 impl Default for Metrics {
@@ -86,8 +90,22 @@ impl Metrics {
             "Sandbox runs waiting for a free slot",
             sandbox_queued.clone(),
         );
+        let kube_watch_restarts = Counter::default();
+        registry.register(
+            "kube_watch_restarts",
+            "Times the kubernetes backend's shared ToolRun watch failed and was re-established",
+            kube_watch_restarts.clone(),
+        );
+        let kube_inflight_runs = Gauge::default();
+        registry.register(
+            "kube_inflight_runs",
+            "ToolRuns created by the kubernetes backend and not yet finished",
+            kube_inflight_runs.clone(),
+        );
         Metrics {
             registry,
+            kube_watch_restarts,
+            kube_inflight_runs,
             calls,
             latency,
             sandbox_runs,

@@ -13,12 +13,13 @@ use tonic::transport::server::TcpIncoming;
 use toolrun_proto::v1 as pb;
 
 use crate::admin::{self, AdminState};
-use crate::config::{BackendKind, Config, ConfigError};
+use crate::config::{BackendKind, Config, ConfigError, DEFAULT_KUBERNETES_CONCURRENT_RUNS};
 use crate::exec::Executor;
 use crate::grpc::ToolService;
 use crate::metrics::Metrics;
 use crate::registry::RegistryError;
-use crate::sandbox::{Sandbox, SandboxError};
+use crate::sandbox::kubernetes::{KubeMetrics, StartError as KubeStartError};
+use crate::sandbox::{KubernetesSandbox, Sandbox, SandboxError};
 use crate::tools::{SANDBOXED_TOOLS, builtin_registry, inline_registry, run_code::SandboxPool};
 
 /// Settings of `toolrun serve`.
@@ -45,6 +46,14 @@ pub struct ServeArgs {
     /// Serve only the inline tools, without starting a sandbox backend.
     #[arg(long, env = "TOOLRUN_NO_SANDBOX")]
     pub no_sandbox: bool,
+    /// Where sandboxed code runs (overrides `sandbox.backend`): `local` (this machine) or
+    /// `kubernetes` (a ToolRun per call, run by the toolrun operator).
+    #[arg(long, env = "TOOLRUN_BACKEND", value_enum)]
+    pub backend: Option<BackendKind>,
+    /// Namespace of the kubernetes backend's ToolRuns (overrides
+    /// `sandbox.kubernetes.namespace`; default toolrun-sandbox).
+    #[arg(long, env = "TOOLRUN_NAMESPACE")]
+    pub namespace: Option<String>,
 }
 
 impl Default for ServeArgs {
@@ -57,6 +66,8 @@ impl Default for ServeArgs {
             max_concurrent_streams: 1024,
             drain_timeout_ms: 10_000,
             no_sandbox: false,
+            backend: None,
+            namespace: None,
         }
     }
 }
@@ -73,6 +84,9 @@ pub enum ServeError {
     /// The sandbox backend could not start.
     #[error("sandbox backend: {0}")]
     Sandbox(#[from] SandboxError),
+    /// The kubernetes backend could not start (cluster, CRD, RBAC, namespace).
+    #[error("kubernetes backend: {0}")]
+    Kubernetes(#[from] KubeStartError),
     /// A listener could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -119,21 +133,50 @@ impl Running {
     }
 }
 
-/// Builds the sandbox backend named by the configuration.
-pub fn build_sandbox(config: &Config) -> Result<Arc<dyn Sandbox>, SandboxError> {
+/// Builds the sandbox backend named by the configuration (for kubernetes: connects and
+/// checks the cluster first).
+pub async fn build_sandbox(
+    config: &Config,
+    metrics: &Metrics,
+) -> Result<Arc<dyn Sandbox>, ServeError> {
     match config.sandbox.backend {
         BackendKind::Local => Ok(Arc::new(crate::sandbox::local::LocalSandbox::new(
             &config.sandbox,
         )?)),
+        BackendKind::Kubernetes => Ok(Arc::new(
+            KubernetesSandbox::connect(
+                &config.sandbox.kubernetes,
+                KubeMetrics::from_metrics(metrics),
+            )
+            .await?,
+        )),
     }
+}
+
+/// The configuration file (or the defaults) with the command-line overrides applied.
+pub fn effective_config(args: &ServeArgs) -> Result<Config, ConfigError> {
+    let mut config = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(backend) = args.backend {
+        config.sandbox.backend = backend;
+    }
+    if let Some(ns) = &args.namespace {
+        config.sandbox.kubernetes.namespace = ns.clone();
+    }
+    if config.sandbox.backend == BackendKind::Kubernetes
+        && config.sandbox.max_concurrent_runs.is_none()
+    {
+        config.sandbox.max_concurrent_runs = Some(DEFAULT_KUBERNETES_CONCURRENT_RUNS);
+    }
+    config.validate()?;
+    Ok(config)
 }
 
 /// Builds everything and starts serving; returns once both listeners are bound.
 pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
-    let config = match &args.config {
-        Some(path) => Config::load(path)?,
-        None => Config::default(),
-    };
+    let config = effective_config(&args)?;
     let metrics = Arc::new(Metrics::new());
     let (registry, sandbox_info) = if args.no_sandbox {
         tracing::warn!("--no-sandbox: run_code and code_executor are not served");
@@ -141,8 +184,8 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         registry.check_config(&config, SANDBOXED_TOOLS)?;
         (registry, None)
     } else {
-        let sandbox = build_sandbox(&config)?;
-        // LocalSandbox::new logs each mechanism, active or not.
+        let sandbox = build_sandbox(&config, &metrics).await?;
+        // Each backend logs its own mechanisms, active or not, when it starts.
         let info = sandbox.info();
         let pool = Arc::new(SandboxPool::new(
             sandbox,

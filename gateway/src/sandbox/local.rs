@@ -746,7 +746,7 @@ impl Sandbox for LocalSandbox {
         mut stream: Option<mpsc::Sender<StreamChunk>>,
         cancel: CancellationToken,
     ) -> Result<RunRecord, SandboxError> {
-        let SandboxRun { spec, limits } = run;
+        let SandboxRun { spec, limits, .. } = run;
         let started = tokio::time::Instant::now();
         let cap = usize::try_from(spec.limits.output_limit_bytes).unwrap_or(usize::MAX);
         // The record line holds both streams; JSON escapes a control byte as six bytes.

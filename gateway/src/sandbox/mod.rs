@@ -2,13 +2,15 @@
 //!
 //! A [`Sandbox`] takes a [`toolrun_runner::RunSpec`] plus the limits that must be enforced
 //! from outside the program, runs `toolrun-runner` under isolation, forwards live output and
-//! returns the runner's [`RunRecord`]. Backends: [`local`] (Linux namespaces on this machine);
-//! the Kubernetes backend comes with the operator.
+//! returns the runner's [`RunRecord`]. Backends: [`local`] (Linux namespaces on this machine)
+//! and [`kubernetes`] (a ToolRun per call, run by the toolrun operator).
 
 mod cgroup;
+pub mod kubernetes;
 mod lines;
 pub mod local;
 
+pub use kubernetes::KubernetesSandbox;
 pub use local::LocalSandbox;
 
 use async_trait::async_trait;
@@ -48,6 +50,10 @@ pub struct SandboxRun {
     pub spec: RunSpec,
     /// Memory, processes, /tmp size... enforced outside the runner.
     pub limits: Limits,
+    /// The tool that asked for the run (e.g. `run_code`); recorded by remote backends.
+    pub tool: String,
+    /// The caller's call id; recorded by remote backends.
+    pub call_id: String,
 }
 
 /// Failures of the sandbox itself (not of the program: those are verdicts in the record).

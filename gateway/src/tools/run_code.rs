@@ -134,6 +134,8 @@ impl SandboxPool {
                 SandboxRun {
                     spec,
                     limits: limits.clone(),
+                    tool: code.tool.to_string(),
+                    call_id: ctx.call_id.clone(),
                 },
                 ctx.stream.clone(),
                 ctx.cancel.clone(),
@@ -225,6 +227,8 @@ pub struct CodeRun {
     pub stdin: String,
     /// Wall-clock limit.
     pub timeout: Duration,
+    /// The tool asking (recorded by the kubernetes backend).
+    pub tool: &'static str,
 }
 
 /// Languages run_code accepts.
@@ -378,6 +382,7 @@ impl TypedTool for RunCode {
             env: input.env,
             stdin: input.stdin.unwrap_or_default(),
             timeout: self.timeout(input.timeout)?,
+            tool: "run_code",
         };
         self.pool.run(run, &self.limits, ctx).await
     }
@@ -430,6 +435,7 @@ impl TypedTool for CodeExecutor {
             env: BTreeMap::new(),
             stdin: String::new(),
             timeout: self.0.timeout(input.timeout_seconds)?,
+            tool: "code_executor",
         };
         self.0.pool.run(run, &self.0.limits, ctx).await
     }

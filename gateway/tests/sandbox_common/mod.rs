@@ -58,6 +58,8 @@ pub fn spec(language: Language, code: &str, timeout_ms: u64) -> SandboxRun {
             limits: toolrun::sandbox::runner_limits(&limits, timeout_ms),
         },
         limits,
+        tool: "run_code".into(),
+        call_id: "test".into(),
     }
 }
 

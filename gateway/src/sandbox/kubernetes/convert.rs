@@ -1,0 +1,407 @@
+//! Pure mapping between a gateway run and a ToolRun: the spec the gateway creates, and the
+//! record it reads back from the status.
+
+use std::collections::BTreeMap;
+
+use kube::api::ObjectMeta;
+use toolrun_crd::{
+    EnvVar, Limits, MAX_CODE_CHARS, MAX_OUTPUT_BYTES, MAX_STDIN_CHARS, Phase, ToolRun, ToolRunSpec,
+    ToolRunStatus, labels,
+};
+use toolrun_runner::{PROTOCOL_VERSION, RunRecord, Verdict};
+
+use crate::config::KubernetesConfig;
+use crate::sandbox::SandboxRun;
+
+/// Label on every ToolRun the gateway creates; the shared watch selects on it.
+pub const CREATED_BY: &str = "app.kubernetes.io/created-by";
+/// Value of [`CREATED_BY`].
+pub const CREATED_BY_VALUE: &str = "toolrun-gateway";
+/// Longest `spec.callId` the CRD accepts; longer ids are cut.
+pub const MAX_CALL_ID_CHARS: usize = 256;
+/// Most `spec.args` entries the CRD accepts.
+pub const MAX_ARGS: usize = 64;
+/// Most `spec.env` entries the CRD accepts.
+pub const MAX_ENV: usize = 64;
+/// Longest arg or env value the CRD accepts, in characters.
+pub const MAX_VALUE_CHARS: usize = 1024;
+
+/// The environment the gateway gives every run (see run_code); the operator adds the same
+/// base environment itself, so these are not repeated in the spec (the CRD allows only
+/// [`MAX_ENV`] entries, which are the caller's).
+const GATEWAY_BASE_ENV: [(&str, &str); 4] = [
+    ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+    ("HOME", "/tmp"),
+    ("LANG", "C.UTF-8"),
+    ("PYTHONDONTWRITEBYTECODE", "1"),
+];
+
+/// A run the ToolRun resource cannot express (the CRD's bounds are tighter than run_code's
+/// own for some fields, because a ToolRun must fit in one etcd object).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the kubernetes backend cannot run this call: {0}")]
+pub struct Unrepresentable(pub String);
+
+/// The ToolRun for `run`, named `name`, in `cfg.namespace`.
+pub fn tool_run(
+    name: &str,
+    run: &SandboxRun,
+    cfg: &KubernetesConfig,
+) -> Result<ToolRun, Unrepresentable> {
+    let spec = &run.spec;
+    let code_chars = spec.code.chars().count();
+    if code_chars > MAX_CODE_CHARS as usize {
+        return Err(Unrepresentable(format!(
+            "code has {code_chars} characters, at most {MAX_CODE_CHARS}"
+        )));
+    }
+    let stdin_chars = spec.stdin.chars().count();
+    if stdin_chars > MAX_STDIN_CHARS as usize {
+        return Err(Unrepresentable(format!(
+            "stdin has {stdin_chars} characters, at most {MAX_STDIN_CHARS}"
+        )));
+    }
+    if spec.args.len() > MAX_ARGS {
+        return Err(Unrepresentable(format!(
+            "{} arguments, at most {MAX_ARGS}",
+            spec.args.len()
+        )));
+    }
+    if let Some((i, a)) = spec
+        .args
+        .iter()
+        .enumerate()
+        .find(|(_, a)| a.chars().count() > MAX_VALUE_CHARS)
+    {
+        return Err(Unrepresentable(format!(
+            "argument {i} has {} characters, at most {MAX_VALUE_CHARS}",
+            a.chars().count()
+        )));
+    }
+    let env: Vec<EnvVar> = spec
+        .env
+        .iter()
+        .filter(|(k, v)| !GATEWAY_BASE_ENV.contains(&(k.as_str(), v.as_str())))
+        .map(|(k, v)| EnvVar {
+            name: k.clone(),
+            value: v.clone(),
+        })
+        .collect();
+    if env.len() > MAX_ENV {
+        return Err(Unrepresentable(format!(
+            "{} environment variables, at most {MAX_ENV}",
+            env.len()
+        )));
+    }
+    if let Some(e) = env
+        .iter()
+        .find(|e| e.value.chars().count() > MAX_VALUE_CHARS)
+    {
+        return Err(Unrepresentable(format!(
+            "environment variable {} has a value of {} characters, at most {MAX_VALUE_CHARS}",
+            e.name,
+            e.value.chars().count()
+        )));
+    }
+    // The CRD requires non-empty code; a lone newline is an empty program in all three
+    // languages (exit 0, no output), as an empty string is on the local backend.
+    let code = if spec.code.is_empty() {
+        "\n".to_string()
+    } else {
+        spec.code.clone()
+    };
+    let call_id = match run.call_id.char_indices().nth(MAX_CALL_ID_CHARS) {
+        Some((cut, _)) => run.call_id[..cut].to_string(),
+        None if run.call_id.is_empty() => name.to_string(),
+        None => run.call_id.clone(),
+    };
+    let tool = if run.tool.is_empty() {
+        "run_code".to_string()
+    } else {
+        run.tool.clone()
+    };
+    let limits = Limits {
+        timeout_seconds: Some(timeout_seconds(spec.limits.timeout_ms)),
+        memory_mib: Some(clamp_u32(run.limits.memory_mb)),
+        cpu_millis: None,
+        processes: Some(clamp_u32(run.limits.max_processes)),
+        output_bytes: Some(clamp_u32(run.limits.output_limit_bytes).min(MAX_OUTPUT_BYTES)),
+    };
+    Ok(ToolRun {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(cfg.namespace.clone()),
+            labels: Some(BTreeMap::from([
+                (CREATED_BY.to_string(), CREATED_BY_VALUE.to_string()),
+                (labels::CALL_ID.to_string(), labels::label_value(&call_id)),
+            ])),
+            ..ObjectMeta::default()
+        },
+        spec: ToolRunSpec {
+            tool,
+            call_id,
+            language: spec.language.into(),
+            code,
+            args: spec.args.clone(),
+            env,
+            stdin: spec.stdin.clone(),
+            limits,
+            ttl_seconds_after_finished: cfg.ttl_seconds_after_finished,
+            runtime_class_name: cfg.runtime_class_name.clone(),
+            cancel: false,
+        },
+        status: None,
+    })
+}
+
+/// Whole seconds covering `timeout_ms` (at least 1, at most the CRD's maximum).
+pub fn timeout_seconds(timeout_ms: u64) -> u32 {
+    let s = timeout_ms.div_ceil(1000).max(1);
+    clamp_u32(s).min(toolrun_crd::MAX_TIMEOUT_SECONDS)
+}
+
+fn clamp_u32(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
+/// The runner record a finished status describes; `None` while the run is not finished.
+pub fn record_from_status(status: &ToolRunStatus) -> Option<RunRecord> {
+    let phase = status.phase?;
+    if !phase.is_finished() {
+        return None;
+    }
+    let verdict = match status.verdict {
+        Some(v) => Verdict::from(v),
+        // A finished phase without a verdict is not something the operator writes; read it
+        // as its phase says rather than wait forever.
+        None if phase == Phase::Succeeded => Verdict::Ok,
+        None => Verdict::InfraError,
+    };
+    let exit_code = status.exit_code.unwrap_or(match verdict {
+        Verdict::Ok => 0,
+        _ => -1,
+    });
+    Some(RunRecord {
+        version: PROTOCOL_VERSION,
+        verdict,
+        exit_code,
+        signal: None,
+        stdout: status.stdout.clone().unwrap_or_default(),
+        stderr: status.stderr.clone().unwrap_or_default(),
+        stdout_truncated: status.stdout_truncated.unwrap_or(false),
+        stderr_truncated: status.stderr_truncated.unwrap_or(false),
+        timed_out: verdict == Verdict::Timeout,
+        duration_ms: status.duration_ms.unwrap_or(0),
+        message: status.reason.clone().unwrap_or_default(),
+    })
+}
+
+/// The pod is (or was) running the program: the status shows Running or a start time.
+pub fn has_started(status: Option<&ToolRunStatus>) -> bool {
+    status.is_some_and(|s| s.phase == Some(Phase::Running) || s.start_time.is_some())
+}
+
+/// A record the gateway writes itself (cancel, start timeout, ToolRun gone).
+pub fn synthetic_record(
+    verdict: Verdict,
+    duration_ms: u64,
+    stdout: String,
+    stderr: String,
+    message: String,
+) -> RunRecord {
+    RunRecord {
+        version: PROTOCOL_VERSION,
+        verdict,
+        // As the local backend reports a run it killed from outside.
+        exit_code: if verdict == Verdict::InfraError {
+            -1
+        } else {
+            137
+        },
+        signal: (verdict != Verdict::InfraError).then_some(9),
+        stdout,
+        stderr,
+        stdout_truncated: false,
+        stderr_truncated: false,
+        timed_out: verdict == Verdict::Timeout,
+        duration_ms,
+        message,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Limits as GatewayLimits;
+    use toolrun_runner::{Language, RunSpec, RunnerLimits};
+
+    fn run(code: &str) -> SandboxRun {
+        let limits = GatewayLimits::default();
+        let mut env: BTreeMap<String, String> = GATEWAY_BASE_ENV
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        env.insert("MY_VAR".into(), "x".into());
+        SandboxRun {
+            spec: RunSpec {
+                language: Language::Bash,
+                code: code.into(),
+                args: vec!["a".into(), "b c".into()],
+                env,
+                stdin: "in".into(),
+                interpreter: "/bin/bash".into(),
+                workdir: "/tmp".into(),
+                limits: RunnerLimits {
+                    timeout_ms: 1_500,
+                    output_limit_bytes: limits.output_limit_bytes,
+                    cpu_seconds: 30,
+                    max_processes: 64,
+                    max_file_bytes: 0,
+                    max_open_files: 0,
+                    address_space_bytes: 0,
+                },
+            },
+            limits,
+            tool: "code_executor".into(),
+            call_id: "call 1".into(),
+        }
+    }
+
+    #[test]
+    fn the_spec_carries_the_call() {
+        let cfg = KubernetesConfig {
+            runtime_class_name: Some("gvisor".into()),
+            ..KubernetesConfig::default()
+        };
+        let tr = tool_run("run-abc", &run("echo hi"), &cfg).unwrap();
+        assert_eq!(tr.metadata.name.as_deref(), Some("run-abc"));
+        assert_eq!(tr.metadata.namespace.as_deref(), Some("toolrun-sandbox"));
+        let labels = tr.metadata.labels.unwrap();
+        assert_eq!(labels[CREATED_BY], CREATED_BY_VALUE);
+        assert_eq!(labels[labels::CALL_ID], labels::label_value("call 1"));
+        let s = tr.spec;
+        assert_eq!(s.tool, "code_executor");
+        assert_eq!(s.call_id, "call 1");
+        assert_eq!(s.language, toolrun_crd::Language::Bash);
+        assert_eq!(s.code, "echo hi");
+        assert_eq!(s.args, ["a", "b c"]);
+        assert_eq!(s.stdin, "in");
+        // Only the caller's variable: the base environment is the operator's.
+        assert_eq!(
+            s.env,
+            [EnvVar {
+                name: "MY_VAR".into(),
+                value: "x".into()
+            }]
+        );
+        assert_eq!(s.limits.timeout_seconds, Some(2));
+        assert_eq!(s.limits.memory_mib, Some(256));
+        assert_eq!(s.limits.processes, Some(64));
+        // 1 MiB asked, the CRD's maximum kept.
+        assert_eq!(s.limits.output_bytes, Some(MAX_OUTPUT_BYTES));
+        assert_eq!(s.ttl_seconds_after_finished, Some(300));
+        assert_eq!(s.runtime_class_name.as_deref(), Some("gvisor"));
+        assert!(!s.cancel);
+    }
+
+    #[test]
+    fn what_the_crd_cannot_hold_is_refused_by_name() {
+        let cfg = KubernetesConfig::default();
+        let mut r = run(&"x".repeat(MAX_CODE_CHARS as usize + 1));
+        assert!(
+            tool_run("n", &r, &cfg)
+                .unwrap_err()
+                .to_string()
+                .contains("code has 50001 characters")
+        );
+        r.spec.code = "x".into();
+        r.spec.stdin = "y".repeat(MAX_STDIN_CHARS as usize + 1);
+        assert!(tool_run("n", &r, &cfg).unwrap_err().0.contains("stdin"));
+        r.spec.stdin.clear();
+        r.spec.args = vec!["a".into(); MAX_ARGS + 1];
+        assert!(
+            tool_run("n", &r, &cfg)
+                .unwrap_err()
+                .0
+                .contains("65 arguments")
+        );
+        r.spec.args = vec!["é".repeat(MAX_VALUE_CHARS + 1)];
+        assert!(
+            tool_run("n", &r, &cfg)
+                .unwrap_err()
+                .0
+                .contains("argument 0")
+        );
+        r.spec.args = vec!["é".repeat(MAX_VALUE_CHARS)];
+        assert!(tool_run("n", &r, &cfg).is_ok());
+        r.spec.env = (0..=MAX_ENV)
+            .map(|i| (format!("V{i}"), "v".into()))
+            .collect();
+        assert!(
+            tool_run("n", &r, &cfg)
+                .unwrap_err()
+                .0
+                .contains("65 environment variables")
+        );
+        r.spec.env = BTreeMap::from([("BIG".into(), "v".repeat(MAX_VALUE_CHARS + 1))]);
+        assert!(tool_run("n", &r, &cfg).unwrap_err().0.contains("BIG"));
+    }
+
+    #[test]
+    fn edge_values_are_made_valid() {
+        let cfg = KubernetesConfig::default();
+        let mut r = run("");
+        r.call_id = String::new();
+        r.tool = String::new();
+        r.spec.limits.timeout_ms = 1;
+        let tr = tool_run("run-x", &r, &cfg).unwrap();
+        assert_eq!(tr.spec.code, "\n");
+        assert_eq!(tr.spec.call_id, "run-x");
+        assert_eq!(tr.spec.tool, "run_code");
+        assert_eq!(tr.spec.limits.timeout_seconds, Some(1));
+        r.call_id = "ü".repeat(300);
+        let tr = tool_run("run-x", &r, &cfg).unwrap();
+        assert_eq!(tr.spec.call_id.chars().count(), MAX_CALL_ID_CHARS);
+        assert_eq!(timeout_seconds(30_000), 30);
+        assert_eq!(timeout_seconds(30_001), 31);
+        assert_eq!(timeout_seconds(u64::MAX), toolrun_crd::MAX_TIMEOUT_SECONDS);
+    }
+
+    #[test]
+    fn a_finished_status_becomes_the_record() {
+        let mut st = ToolRunStatus {
+            phase: Some(Phase::Running),
+            ..ToolRunStatus::default()
+        };
+        assert_eq!(record_from_status(&st), None);
+        assert!(has_started(Some(&st)));
+        assert!(!has_started(None));
+        st.phase = Some(Phase::Failed);
+        st.verdict = Some(toolrun_crd::Verdict::Timeout);
+        st.exit_code = Some(137);
+        st.stdout = Some("partial".into());
+        st.stderr = Some("err".into());
+        st.stdout_truncated = Some(true);
+        st.duration_ms = Some(2_001);
+        st.reason = Some("wall-clock timeout".into());
+        let r = record_from_status(&st).unwrap();
+        assert_eq!(r.verdict, Verdict::Timeout);
+        assert!(r.timed_out);
+        assert_eq!(r.exit_code, 137);
+        assert_eq!(r.stdout, "partial");
+        assert_eq!(r.stderr, "err");
+        assert!(r.stdout_truncated && !r.stderr_truncated);
+        assert_eq!(r.duration_ms, 2_001);
+        assert_eq!(r.message, "wall-clock timeout");
+        let infra = record_from_status(&ToolRunStatus {
+            phase: Some(Phase::Failed),
+            verdict: Some(toolrun_crd::Verdict::InfraError),
+            reason: Some("image not found".into()),
+            ..ToolRunStatus::default()
+        })
+        .unwrap();
+        assert_eq!(infra.verdict, Verdict::InfraError);
+        assert_eq!(infra.exit_code, -1);
+        assert_eq!(infra.message, "image not found");
+    }
+}

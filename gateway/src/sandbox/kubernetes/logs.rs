@@ -1,0 +1,152 @@
+//! Live output for StreamTool: follows the run container's log (the runner's JSON lines)
+//! and forwards stdout and stderr chunks. The final record still comes from the ToolRun
+//! status; this is only the live view.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::api::LogParams;
+use tokio::io::BufReader;
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio_util::compat::FuturesAsyncReadCompatExt;
+use tokio_util::sync::CancellationToken;
+use toolrun_runner::Event;
+
+use crate::sandbox::lines::{Line, read_line};
+use crate::tool::StreamChunk;
+
+/// Container of the sandbox pod that runs the program (the operator's `RUN_CONTAINER`).
+pub const RUN_CONTAINER: &str = "run";
+
+/// What the follower forwarded, per stream (at most the cap each).
+#[derive(Debug, Default, Clone)]
+pub struct Forwarded {
+    /// stdout so far.
+    pub stdout: String,
+    /// stderr so far.
+    pub stderr: String,
+}
+
+/// Follows pod `name`'s run container until the runner's result line, the end of the
+/// log, or `stop`. Retries while the pod does not exist yet or its container has not
+/// started (the init container copies the runner first).
+pub async fn follow(
+    pods: Api<Pod>,
+    name: String,
+    cap: usize,
+    tx: mpsc::Sender<StreamChunk>,
+    forwarded: Arc<Mutex<Forwarded>>,
+    stop: CancellationToken,
+) {
+    // The record line holds both streams; JSON escapes a control byte as six bytes.
+    let max_line = cap.saturating_mul(12).saturating_add(64 * 1024);
+    let params = LogParams {
+        container: Some(RUN_CONTAINER.into()),
+        follow: true,
+        ..LogParams::default()
+    };
+    let mut backoff = Duration::from_millis(100);
+    // Events already forwarded: a log reopened after a broken connection starts again
+    // from the beginning, and these are skipped.
+    let mut events_done = 0usize;
+    loop {
+        let opened = tokio::select! {
+            _ = stop.cancelled() => return,
+            r = pods.log_stream(&name, &params) => r,
+        };
+        let reader = match opened {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::trace!(pod = %name, error = %e, "log not available yet");
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                continue;
+            }
+        };
+        let mut reader = BufReader::new(reader.compat());
+        let mut line = Vec::new();
+        let mut seen_here = 0usize;
+        loop {
+            let step = tokio::select! {
+                _ = stop.cancelled() => return,
+                s = read_line(&mut reader, &mut line, max_line) => s,
+            };
+            let last = match step {
+                Ok(Line::Complete) => false,
+                Ok(Line::Eof) if line.is_empty() => return,
+                Ok(Line::Eof) => true,
+                // A broken line or connection: reopen and skip what was forwarded.
+                Ok(Line::TooLong) | Err(_) => break,
+            };
+            let Ok(event) = serde_json::from_slice::<Event>(&line) else {
+                // Not a runner event (e.g. a kubelet message); nothing to forward.
+                if last {
+                    return;
+                }
+                continue;
+            };
+            seen_here += 1;
+            if seen_here <= events_done {
+                continue;
+            }
+            events_done += 1;
+            let chunk = {
+                let mut f = forwarded.lock().expect("not poisoned");
+                match event {
+                    Event::Result(_) => return,
+                    Event::Stdout { data } => keep_prefix(&mut f.stdout, &data, cap)
+                        .map(|d| StreamChunk::Stdout(d.to_string())),
+                    Event::Stderr { data } => keep_prefix(&mut f.stderr, &data, cap)
+                        .map(|d| StreamChunk::Stderr(d.to_string())),
+                }
+            };
+            // As the local backend: live output never holds anything up; a full channel
+            // drops the chunk (the record has everything), a closed one ends following.
+            if let Some(chunk) = chunk {
+                match tx.try_send(chunk) {
+                    Ok(()) | Err(TrySendError::Full(_)) => {}
+                    Err(TrySendError::Closed(_)) => return,
+                }
+            }
+            if last {
+                return;
+            }
+        }
+    }
+}
+
+/// Appends to `seen` what of `data` fits under `cap` bytes (at a character boundary) and
+/// returns that part, or `None` when nothing fits.
+fn keep_prefix<'a>(seen: &mut String, data: &'a str, cap: usize) -> Option<&'a str> {
+    let room = cap.saturating_sub(seen.len());
+    let mut end = data.len().min(room);
+    while !data.is_char_boundary(end) {
+        end -= 1;
+    }
+    if end == 0 {
+        return None;
+    }
+    seen.push_str(&data[..end]);
+    Some(&data[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_are_capped_per_stream_at_character_boundaries() {
+        let mut seen = String::new();
+        assert_eq!(keep_prefix(&mut seen, "abc", 5), Some("abc"));
+        assert_eq!(keep_prefix(&mut seen, "dé", 5), Some("d"));
+        assert_eq!(keep_prefix(&mut seen, "xy", 5), Some("x"));
+        assert_eq!(keep_prefix(&mut seen, "z", 5), None);
+        assert_eq!(seen, "abcdx");
+    }
+}

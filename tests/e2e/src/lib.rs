@@ -5,6 +5,8 @@
 //! namespace is deleted. Without a reachable cluster a test prints why and returns (a skip),
 //! unless `TOOLRUN_REQUIRE_CLUSTER=1`, in which case it fails.
 
+pub mod helm;
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;

@@ -1,0 +1,138 @@
+{{/*
+Names are fixed (the Services `toolrun-gateway` and `toolrun-operator-metrics` are part of the
+contract with clients and dashboards), so one release per namespace; a second release goes in
+another release namespace with another sandbox.namespace.
+*/}}
+
+{{/* Selector labels of one component: pass (dict "ctx" $ "component" "gateway"). */}}
+{{- define "toolrun.selectorLabels" -}}
+app.kubernetes.io/name: {{ .ctx.Chart.Name }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/* Standard labels of one component: pass (dict "ctx" $ "component" "gateway"). */}}
+{{- define "toolrun.labels" -}}
+{{ include "toolrun.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: toolrun
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+" "_" }}
+{{- end }}
+
+{{/* An image reference: pass (dict "ctx" $ "image" .Values.images.gateway). */}}
+{{- define "toolrun.image" -}}
+{{- printf "%s:%s" .image.repository (default .ctx.Chart.AppVersion .image.tag) -}}
+{{- end }}
+
+{{/* The image of a language: its own, or images.sandbox. */}}
+{{- define "toolrun.languageImage" -}}
+{{- if .lang.image -}}
+{{- .lang.image -}}
+{{- else -}}
+{{- include "toolrun.image" (dict "ctx" .ctx "image" .ctx.Values.images.sandbox) -}}
+{{- end -}}
+{{- end }}
+
+{{/*
+The hardened pod securityContext of our own pods (gateway, operator): what the `restricted`
+Pod Security Standard demands, and a fixed non-root uid/gid (65534, the images' user).
+*/}}
+{{- define "toolrun.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65534
+runAsGroup: 65534
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* The hardened container securityContext of our own containers. */}}
+{{- define "toolrun.containerSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65534
+runAsGroup: 65534
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+privileged: false
+capabilities:
+  drop: [ALL]
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/*
+Egress to the API server (and nothing else) for the gateway and operator pods. Addresses:
+networkPolicy.apiServer.cidrs, else the `kubernetes` Service's ClusterIP and the addresses of
+its EndpointSlices (Helm's lookup: policies are evaluated after kube-proxy's DNAT by most
+implementations, before it by some, so both are allowed), else (no cluster to look at:
+helm template) any address on the API server's ports.
+*/}}
+{{- define "toolrun.apiServerEgress" -}}
+{{- $cidrs := list -}}
+{{- $ports := list -}}
+{{- range .Values.networkPolicy.apiServer.ports -}}
+{{- $ports = append $ports (int .) -}}
+{{- end -}}
+{{- if .Values.networkPolicy.apiServer.cidrs -}}
+{{- $cidrs = .Values.networkPolicy.apiServer.cidrs -}}
+{{- else -}}
+{{- $svc := lookup "v1" "Service" "default" "kubernetes" -}}
+{{- if and $svc $svc.spec $svc.spec.clusterIP -}}
+{{- $cidrs = append $cidrs (printf "%s/32" $svc.spec.clusterIP) -}}
+{{- end -}}
+{{- $slices := lookup "discovery.k8s.io/v1" "EndpointSlice" "default" "" -}}
+{{- range (dig "items" list $slices) -}}
+{{- if eq (dig "metadata" "labels" "kubernetes.io/service-name" "" .) "kubernetes" -}}
+{{- $family := dig "addressType" "IPv4" . -}}
+{{- range (dig "endpoints" list .) -}}
+{{- range (dig "addresses" list .) -}}
+{{- $cidrs = append $cidrs (printf "%s/%s" . (ternary "128" "32" (eq $family "IPv6"))) -}}
+{{- end -}}
+{{- end -}}
+{{- range (dig "ports" list .) -}}
+{{- $ports = append $ports (int (dig "port" 0 .)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+- ports:
+{{- range ($ports | uniq) }}
+{{- if gt . 0 }}
+    - protocol: TCP
+      port: {{ . }}
+{{- end }}
+{{- end }}
+  to:
+{{- if $cidrs }}
+{{- range ($cidrs | uniq) }}
+    - ipBlock:
+        cidr: {{ . }}
+{{- end }}
+{{- else }}
+    - ipBlock:
+        cidr: 0.0.0.0/0
+{{- end }}
+{{- end }}
+
+{{/* Fails on values the schema cannot express. */}}
+{{- define "toolrun.validate" -}}
+{{- if ne .Values.images.runner.pullPolicy .Values.images.sandbox.pullPolicy -}}
+{{- fail "images.runner.pullPolicy and images.sandbox.pullPolicy must be equal: the operator sets one imagePullPolicy on both containers of a sandbox pod" -}}
+{{- end -}}
+{{- range $k, $d := .Values.sandbox.defaultLimits -}}
+{{- $m := index $.Values.sandbox.maxLimits $k -}}
+{{- if gt (int $d) (int $m) -}}
+{{- fail (printf "sandbox.defaultLimits.%s (%d) is above sandbox.maxLimits.%s (%d)" $k (int $d) $k (int $m)) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq .Values.sandbox.namespace .Release.Namespace -}}
+{{- fail (printf "sandbox.namespace (%s) must differ from the release namespace: the sandbox namespace holds only sandbox pods, under a deny-all NetworkPolicy and Pod Security restricted" .Release.Namespace) -}}
+{{- end -}}
+{{- if and (gt (int .Values.operator.replicas) 1) (not .Values.operator.controller.leaderElection.enabled) -}}
+{{- fail "operator.replicas > 1 needs operator.controller.leaderElection.enabled: two operators without it would both reconcile every ToolRun" -}}
+{{- end -}}
+{{- $le := .Values.operator.controller.leaderElection -}}
+{{- if not (and (gt (int $le.leaseDurationSeconds) (int $le.renewDeadlineSeconds)) (gt (int $le.renewDeadlineSeconds) (int $le.retryPeriodSeconds))) -}}
+{{- fail "operator.controller.leaderElection: needs leaseDurationSeconds > renewDeadlineSeconds > retryPeriodSeconds" -}}
+{{- end -}}
+{{- end }}

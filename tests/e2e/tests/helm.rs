@@ -1,0 +1,1294 @@
+//! The Helm chart `helm/toolrun`.
+//!
+//! Offline (always run; they need only `helm`): lint, the CRD copy, the rendered objects
+//! (hardened pods, Pod Security labels, least-privilege Roles, the operator's config as the
+//! contract writes it) and the values schema. On the cluster: a server-side dry run, a real
+//! install that waits for the Deployments and an uninstall that leaves only the CRD, two
+//! releases side by side, and the NetworkPolicies of the gateway and the operator.
+//!
+//! Run: `eval "$(tests/cluster/env)"; TOOLRUN_REQUIRE_CLUSTER=1 cargo test -p toolrun-e2e
+//! --test helm`. Without helm the offline tests skip with a message (fail with
+//! TOOLRUN_REQUIRE_CLUSTER=1); without a cluster the cluster tests do.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, Pod, Service, ServiceAccount, TCPSocketAction,
+};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+use toolrun_e2e::helm::{self, Helm, Release, install_chart, install_only};
+use toolrun_e2e::*;
+
+const NS: &str = "toolrun-system";
+const SANDBOX_NS: &str = "toolrun-sandbox";
+
+fn cluster_required() -> bool {
+    std::env::var("TOOLRUN_REQUIRE_CLUSTER").is_ok_and(|v| v == "1" || v == "true")
+}
+
+/// `helm`, or `None` after a skip message (a panic with TOOLRUN_REQUIRE_CLUSTER=1).
+fn helm_or_skip(test: &str) -> Option<Helm> {
+    match Helm::find() {
+        Ok(h) => Some(h),
+        Err(e) if cluster_required() => panic!("[{test}] TOOLRUN_REQUIRE_CLUSTER=1 but {e:#}"),
+        Err(e) => {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {e:#}");
+            None
+        }
+    }
+}
+
+async fn render(helm: &Helm, values: &[(&str, Value)]) -> Result<Vec<Value>> {
+    helm.template("toolrun", NS, values).await
+}
+
+fn find<'a>(objs: &'a [Value], kind: &str, namespace: Option<&str>, name: &str) -> &'a Value {
+    objs.iter()
+        .find(|o| {
+            o["kind"] == kind
+                && o["metadata"]["name"] == name
+                && o["metadata"]["namespace"].as_str() == namespace
+        })
+        .unwrap_or_else(|| panic!("no {kind} {namespace:?}/{name} rendered"))
+}
+
+fn operator_config(objs: &[Value]) -> Value {
+    let cm = find(objs, "ConfigMap", Some(NS), "toolrun-operator");
+    let text = cm["data"]["operator.yaml"]
+        .as_str()
+        .expect("operator.yaml in the ConfigMap");
+    helm::parse_manifests(text).expect("operator.yaml is YAML")[0].clone()
+}
+
+/// (apiGroup, resource, verb) triples of a Role, with resourceNames when a rule has them.
+fn grants(role: &Value) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for rule in role["rules"].as_array().expect("rules") {
+        let names: Vec<&str> = rule["resourceNames"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        for g in rule["apiGroups"].as_array().expect("apiGroups") {
+            for r in rule["resources"].as_array().expect("resources") {
+                for v in rule["verbs"].as_array().expect("verbs") {
+                    let (g, r, v) = (
+                        g.as_str().unwrap(),
+                        r.as_str().unwrap(),
+                        v.as_str().unwrap(),
+                    );
+                    assert!(
+                        !g.contains('*') && !r.contains('*') && !v.contains('*'),
+                        "wildcard in {role}"
+                    );
+                    out.insert(if names.is_empty() {
+                        format!("{g}/{r}:{v}")
+                    } else {
+                        format!("{g}/{r}[{}]:{v}", names.join(","))
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn triples(spec: &[(&str, &[&str], &[&str])]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for (group, resources, verbs) in spec {
+        for r in *resources {
+            for v in *verbs {
+                out.insert(format!("{group}/{r}:{v}"));
+            }
+        }
+    }
+    out
+}
+
+/// The contract's RBAC of the operator in the sandbox namespace.
+fn operator_sandbox_grants() -> BTreeSet<String> {
+    triples(&[
+        (
+            "toolrun.dev",
+            &["toolruns", "toolruns/status"],
+            &["get", "list", "watch", "patch", "update", "delete"],
+        ),
+        ("", &["pods"], &["get", "list", "watch", "create", "delete"]),
+        ("", &["pods/log"], &["get"]),
+        (
+            "",
+            &["configmaps"],
+            &["get", "list", "watch", "create", "delete", "patch"],
+        ),
+        ("", &["events"], &["create", "patch"]),
+        ("events.k8s.io", &["events"], &["create", "patch"]),
+        (
+            "networking.k8s.io",
+            &["networkpolicies"],
+            &["get", "create", "patch"],
+        ),
+    ])
+}
+
+/// The contract's RBAC of the gateway in the sandbox namespace.
+fn gateway_sandbox_grants() -> BTreeSet<String> {
+    triples(&[
+        (
+            "toolrun.dev",
+            &["toolruns"],
+            &["create", "get", "list", "watch", "patch", "delete"],
+        ),
+        ("", &["pods"], &["get", "list", "watch"]),
+        ("", &["pods/log"], &["get"]),
+    ])
+}
+
+/// The operator's Lease: get create update patch, all but create limited to its name.
+fn operator_lease_grants() -> BTreeSet<String> {
+    let mut g = triples(&[("coordination.k8s.io", &["leases"], &["create"])]);
+    for v in ["get", "update", "patch"] {
+        g.insert(format!("coordination.k8s.io/leases[toolrun-operator]:{v}"));
+    }
+    g
+}
+
+fn assert_hardened_pod(deployment: &Value) {
+    let name = deployment["metadata"]["name"].as_str().unwrap();
+    let spec = &deployment["spec"]["template"]["spec"];
+    let psc = &spec["securityContext"];
+    assert_eq!(psc["runAsNonRoot"], true, "{name}: pod runAsNonRoot");
+    assert_eq!(psc["runAsUser"], 65534, "{name}: pod runAsUser");
+    assert_eq!(psc["seccompProfile"]["type"], "RuntimeDefault", "{name}");
+    assert_eq!(psc["runAsGroup"], 65534, "{name}: pod runAsGroup");
+    for key in ["hostNetwork", "hostPID", "hostIPC"] {
+        assert!(spec[key].is_null() || spec[key] == false, "{name}: {key}");
+    }
+    assert_eq!(
+        spec["enableServiceLinks"], false,
+        "{name}: enableServiceLinks"
+    );
+    // Our pods talk to the API server, so the token is mounted, explicitly.
+    assert_eq!(spec["automountServiceAccountToken"], true, "{name}");
+    let containers = spec["containers"].as_array().unwrap();
+    let init = spec["initContainers"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!containers.is_empty());
+    for c in containers.iter().chain(init.iter()) {
+        let cname = c["name"].as_str().unwrap();
+        let sc = &c["securityContext"];
+        assert_eq!(sc["runAsNonRoot"], true, "{name}/{cname}: runAsNonRoot");
+        assert_eq!(sc["runAsUser"], 65534, "{name}/{cname}: runAsUser");
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{name}/{cname}");
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{name}/{cname}");
+        assert_eq!(sc["privileged"], false, "{name}/{cname}");
+        assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{name}/{cname}");
+        assert!(
+            sc["capabilities"]["add"].is_null(),
+            "{name}/{cname} adds capabilities"
+        );
+        assert_eq!(
+            sc["seccompProfile"]["type"], "RuntimeDefault",
+            "{name}/{cname}"
+        );
+        let res = &c["resources"];
+        assert!(
+            res["requests"]["cpu"].is_string(),
+            "{name}/{cname}: cpu request"
+        );
+        assert!(
+            res["requests"]["memory"].is_string(),
+            "{name}/{cname}: memory request"
+        );
+        assert!(
+            res["limits"]["memory"].is_string(),
+            "{name}/{cname}: memory limit"
+        );
+        assert_eq!(c["imagePullPolicy"], "IfNotPresent", "{name}/{cname}");
+    }
+    let c = &containers[0];
+    let port_name = c["livenessProbe"]["httpGet"]["port"].as_str().unwrap();
+    let port = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == port_name)
+        .unwrap_or_else(|| panic!("{name}: probe port {port_name} is not a container port"));
+    assert_eq!(
+        port["containerPort"], 9090,
+        "{name}: probes on the admin port"
+    );
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz", "{name}");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz", "{name}");
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], port_name, "{name}");
+}
+
+#[tokio::test]
+async fn lint_is_clean() {
+    let Some(helm) = helm_or_skip("lint_is_clean") else {
+        return;
+    };
+    let chart = helm::chart_dir().display().to_string();
+    let out = helm
+        .run([
+            "lint",
+            "--strict",
+            &chart,
+            "--kube-version",
+            helm::KUBE_VERSION,
+        ])
+        .await
+        .expect("helm lint --strict");
+    assert!(out.contains("0 chart(s) failed"), "{out}");
+    for bad in ["[WARNING]", "[ERROR]"] {
+        assert!(!out.contains(bad), "helm lint reports {bad}: {out}");
+    }
+}
+
+#[test]
+fn chart_crd_is_the_generated_crd() {
+    let root = helm::repo_root();
+    let generated = std::fs::read(root.join("deploy/crds/toolrun.dev_toolruns.yaml")).unwrap();
+    let chart = std::fs::read(helm::chart_dir().join("crds/toolrun.dev_toolruns.yaml")).unwrap();
+    assert!(
+        generated == chart,
+        "helm/toolrun/crds/toolrun.dev_toolruns.yaml differs from deploy/crds/toolrun.dev_toolruns.yaml: \
+         cp deploy/crds/toolrun.dev_toolruns.yaml helm/toolrun/crds/"
+    );
+    // Only the CRD is in crds/ (Helm installs it once and never templates it).
+    let entries: Vec<_> = std::fs::read_dir(helm::chart_dir().join("crds"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+}
+
+#[tokio::test]
+async fn default_render_matches_the_contract() {
+    let Some(helm) = helm_or_skip("default_render_matches_the_contract") else {
+        return;
+    };
+    let objs = render(&helm, &[]).await.expect("helm template");
+
+    // Exactly these objects, nothing cluster-wide but the sandbox namespace.
+    let mut names: Vec<String> = objs
+        .iter()
+        .map(|o| {
+            format!(
+                "{} {}/{}",
+                o["kind"].as_str().unwrap(),
+                o["metadata"]["namespace"].as_str().unwrap_or("-"),
+                o["metadata"]["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    names.sort();
+    let expected = [
+        "ConfigMap toolrun-system/toolrun-operator",
+        "Deployment toolrun-system/toolrun-gateway",
+        "Deployment toolrun-system/toolrun-operator",
+        "Namespace -/toolrun-sandbox",
+        "NetworkPolicy toolrun-sandbox/toolrun-sandbox-deny-all",
+        "NetworkPolicy toolrun-system/toolrun-gateway",
+        "NetworkPolicy toolrun-system/toolrun-operator",
+        "Role toolrun-sandbox/toolrun-gateway",
+        "Role toolrun-sandbox/toolrun-operator",
+        "Role toolrun-system/toolrun-operator-leader-election",
+        "RoleBinding toolrun-sandbox/toolrun-gateway",
+        "RoleBinding toolrun-sandbox/toolrun-operator",
+        "RoleBinding toolrun-system/toolrun-operator-leader-election",
+        "Service toolrun-system/toolrun-gateway",
+        "Service toolrun-system/toolrun-operator-metrics",
+        "ServiceAccount toolrun-system/toolrun-gateway",
+        "ServiceAccount toolrun-system/toolrun-operator",
+    ];
+    assert_eq!(names, expected);
+
+    // Standard labels everywhere (the deny-all policy leaves managed-by to the operator).
+    for o in &objs {
+        let l = &o["metadata"]["labels"];
+        for key in [
+            "app.kubernetes.io/name",
+            "app.kubernetes.io/instance",
+            "app.kubernetes.io/version",
+            "app.kubernetes.io/component",
+        ] {
+            assert!(l[key].is_string(), "{key} missing on {}", o["metadata"]);
+        }
+        if o["metadata"]["name"] != "toolrun-sandbox-deny-all" {
+            assert_eq!(
+                l["app.kubernetes.io/managed-by"], "Helm",
+                "{}",
+                o["metadata"]
+            );
+        }
+        assert_eq!(l["app.kubernetes.io/version"], "0.1.0");
+    }
+
+    // The sandbox namespace: Pod Security restricted, enforced, audited and warned.
+    let ns = find(&objs, "Namespace", None, SANDBOX_NS);
+    for mode in ["enforce", "audit", "warn"] {
+        let l = &ns["metadata"]["labels"];
+        assert_eq!(
+            l[format!("pod-security.kubernetes.io/{mode}")],
+            "restricted"
+        );
+        assert_eq!(
+            l[format!("pod-security.kubernetes.io/{mode}-version")],
+            "latest"
+        );
+    }
+    let deny = find(
+        &objs,
+        "NetworkPolicy",
+        Some(SANDBOX_NS),
+        "toolrun-sandbox-deny-all",
+    );
+    assert_eq!(
+        deny["spec"],
+        json!({
+            "podSelector": {"matchLabels": {"toolrun.dev/sandbox": "true"}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [],
+            "egress": [],
+        })
+    );
+
+    // Our own pods are hardened.
+    for name in ["toolrun-gateway", "toolrun-operator"] {
+        assert_hardened_pod(find(&objs, "Deployment", Some(NS), name));
+    }
+
+    // RBAC: exactly the contract's verbs, no ClusterRole.
+    assert_eq!(
+        grants(find(&objs, "Role", Some(SANDBOX_NS), "toolrun-operator")),
+        operator_sandbox_grants()
+    );
+    assert_eq!(
+        grants(find(&objs, "Role", Some(SANDBOX_NS), "toolrun-gateway")),
+        gateway_sandbox_grants()
+    );
+    assert_eq!(
+        grants(find(
+            &objs,
+            "Role",
+            Some(NS),
+            "toolrun-operator-leader-election"
+        )),
+        operator_lease_grants()
+    );
+    for (binding, ns, sa) in [
+        ("toolrun-operator", SANDBOX_NS, "toolrun-operator"),
+        ("toolrun-gateway", SANDBOX_NS, "toolrun-gateway"),
+        ("toolrun-operator-leader-election", NS, "toolrun-operator"),
+    ] {
+        let rb = find(&objs, "RoleBinding", Some(ns), binding);
+        assert_eq!(
+            rb["roleRef"],
+            json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": binding})
+        );
+        assert_eq!(
+            rb["subjects"],
+            json!([{"kind": "ServiceAccount", "name": sa, "namespace": NS}])
+        );
+    }
+    for sa in ["toolrun-gateway", "toolrun-operator"] {
+        let sa = find(&objs, "ServiceAccount", Some(NS), sa);
+        assert_eq!(sa["automountServiceAccountToken"], false);
+    }
+
+    // The gateway: the contract's arguments and Service.
+    let gw = find(&objs, "Deployment", Some(NS), "toolrun-gateway");
+    let c = &gw["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "toolrun/gateway:0.1.0");
+    assert_eq!(
+        c["args"],
+        json!([
+            "serve",
+            "--backend",
+            "kubernetes",
+            "--namespace",
+            SANDBOX_NS,
+            "--listen",
+            "0.0.0.0:50051",
+            "--admin-listen",
+            "0.0.0.0:9090"
+        ])
+    );
+    assert_eq!(
+        gw["spec"]["template"]["spec"]["serviceAccountName"],
+        "toolrun-gateway"
+    );
+    let svc = find(&objs, "Service", Some(NS), "toolrun-gateway");
+    let ports: Vec<(String, i64)> = svc["spec"]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["port"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ports,
+        [("grpc".to_string(), 50051), ("admin".to_string(), 9090)]
+    );
+    let svc = find(&objs, "Service", Some(NS), "toolrun-operator-metrics");
+    assert_eq!(svc["spec"]["ports"][0]["port"], 9090);
+
+    // The operator: config file, leader identity from the downward API.
+    let op = find(&objs, "Deployment", Some(NS), "toolrun-operator");
+    let c = &op["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "toolrun/operator:0.1.0");
+    assert_eq!(
+        c["args"],
+        json!([
+            "--config",
+            "/etc/toolrun/operator.yaml",
+            "--log-format",
+            "json"
+        ])
+    );
+    assert_eq!(op["spec"]["replicas"], 1);
+    let env: BTreeMap<&str, &str> = c["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap(),
+                e["valueFrom"]["fieldRef"]["fieldPath"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        env,
+        BTreeMap::from([
+            ("POD_NAME", "metadata.name"),
+            ("POD_NAMESPACE", "metadata.namespace")
+        ])
+    );
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/etc/toolrun")
+        .expect("config mounted at /etc/toolrun");
+    let vol = op["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(vol["configMap"]["name"], "toolrun-operator");
+
+    // operator.yaml is the contract's default configuration, key for key.
+    let contract = helm::parse_manifests(
+        r#"
+namespace: toolrun-sandbox
+runnerImage: toolrun/runner:0.1.0
+imagePullPolicy: IfNotPresent
+images:
+  python:     {image: toolrun/sandbox:0.1.0, interpreter: /usr/bin/python3}
+  javascript: {image: toolrun/sandbox:0.1.0, interpreter: /usr/bin/node}
+  bash:       {image: toolrun/sandbox:0.1.0, interpreter: /bin/bash}
+defaultTtlSecondsAfterFinished: 3600
+defaultLimits: {timeoutSeconds: 30, memoryMiB: 256, cpuMillis: 500, processes: 64, outputBytes: 65536}
+maxLimits:     {timeoutSeconds: 300, memoryMiB: 2048, cpuMillis: 2000, processes: 1024, outputBytes: 262144}
+runtimeClassName: null
+allowedRuntimeClassNames: []
+nodeSelector: {}
+tolerations: []
+baseEnv: {PATH: /usr/local/bin:/usr/bin:/bin, HOME: /tmp, LANG: C.UTF-8, PYTHONDONTWRITEBYTECODE: "1"}
+tmpSizeMiB: 64
+ephemeralStorageMiB: 64
+userNamespaces: false
+controller:
+  concurrency: 16
+  apiQps: 50
+  apiBurst: 100
+  leaderElection:
+    enabled: true
+    leaseName: toolrun-operator
+    leaseDurationSeconds: 15
+    renewDeadlineSeconds: 10
+    retryPeriodSeconds: 2
+  metricsListen: 0.0.0.0:9090
+"#,
+    )
+    .unwrap()
+    .remove(0);
+    assert_eq!(operator_config(&objs), contract);
+
+    // Without a cluster to look at, egress goes to any address on the API server's ports
+    // only; ingress only to the named ports.
+    for (name, ingress_ports) in [
+        ("toolrun-gateway", vec!["grpc", "admin"]),
+        ("toolrun-operator", vec!["metrics"]),
+    ] {
+        let np = find(&objs, "NetworkPolicy", Some(NS), name);
+        assert_eq!(np["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+        assert_eq!(
+            np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"],
+            name.trim_start_matches("toolrun-")
+        );
+        let got: Vec<&str> = np["spec"]["ingress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["ports"].as_array().unwrap().iter())
+            .map(|p| p["port"].as_str().unwrap())
+            .collect();
+        assert_eq!(got, ingress_ports);
+        assert_eq!(
+            np["spec"]["egress"],
+            json!([{
+                "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 6443}],
+                "to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}],
+            }])
+        );
+    }
+}
+
+#[tokio::test]
+async fn values_reach_the_operator_config_and_the_pods() {
+    let Some(helm) = helm_or_skip("values_reach_the_operator_config_and_the_pods") else {
+        return;
+    };
+    let objs = render(
+        &helm,
+        &[
+            ("sandbox.namespace", json!("agents-sandbox")),
+            ("images.sandbox.tag", json!("9.9.9")),
+            ("images.gateway.repository", json!("registry.example/toolrun-gateway")),
+            ("languages.python.image", json!("python:3.13-slim")),
+            ("languages.python.interpreter", json!("/usr/local/bin/python3")),
+            ("sandbox.runtimeClassName", json!("gvisor")),
+            ("sandbox.allowedRuntimeClassNames", json!(["kata"])),
+            ("sandbox.nodeSelector", json!({"toolrun.dev/pool": "sandbox"})),
+            (
+                "sandbox.tolerations",
+                json!([{"key": "toolrun.dev/sandbox", "operator": "Exists", "effect": "NoSchedule"}]),
+            ),
+            ("sandbox.defaultLimits.timeoutSeconds", json!(10)),
+            ("sandbox.maxLimits.memoryMiB", json!(4096)),
+            ("sandbox.ttlSecondsAfterFinished", json!(60)),
+            ("operator.replicas", json!(2)),
+            ("operator.controller.concurrency", json!(4)),
+            ("operator.podAnnotations", json!({"prometheus.io/scrape": "true"})),
+            ("gateway.replicas", json!(3)),
+            ("gateway.config", json!({"tools": {"calculator": {"enabled": false}}})),
+            ("networkPolicy.apiServer.cidrs", json!(["192.0.2.10/32"])),
+            ("networkPolicy.apiServer.ports", json!([8443])),
+        ],
+    )
+    .await
+    .expect("helm template");
+    let cfg = operator_config(&objs);
+    assert_eq!(cfg["namespace"], "agents-sandbox");
+    assert_eq!(
+        cfg["images"]["python"],
+        json!({"image": "python:3.13-slim", "interpreter": "/usr/local/bin/python3"})
+    );
+    assert_eq!(cfg["images"]["bash"]["image"], "toolrun/sandbox:9.9.9");
+    assert_eq!(cfg["runnerImage"], "toolrun/runner:0.1.0");
+    assert_eq!(cfg["runtimeClassName"], "gvisor");
+    assert_eq!(cfg["allowedRuntimeClassNames"], json!(["kata"]));
+    assert_eq!(cfg["nodeSelector"], json!({"toolrun.dev/pool": "sandbox"}));
+    assert_eq!(cfg["tolerations"][0]["key"], "toolrun.dev/sandbox");
+    assert_eq!(cfg["defaultLimits"]["timeoutSeconds"], 10);
+    assert_eq!(cfg["maxLimits"]["memoryMiB"], 4096);
+    assert_eq!(cfg["defaultTtlSecondsAfterFinished"], 60);
+    assert_eq!(cfg["controller"]["concurrency"], 4);
+
+    // Everything namespaced for the sandbox follows sandbox.namespace.
+    find(&objs, "Namespace", None, "agents-sandbox");
+    find(
+        &objs,
+        "NetworkPolicy",
+        Some("agents-sandbox"),
+        "toolrun-sandbox-deny-all",
+    );
+    find(&objs, "Role", Some("agents-sandbox"), "toolrun-operator");
+    find(&objs, "Role", Some("agents-sandbox"), "toolrun-gateway");
+    let op = find(&objs, "Deployment", Some(NS), "toolrun-operator");
+    assert_eq!(op["spec"]["replicas"], 2);
+    assert_eq!(
+        op["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"],
+        "true"
+    );
+    let gw = find(&objs, "Deployment", Some(NS), "toolrun-gateway");
+    assert_eq!(gw["spec"]["replicas"], 3);
+    let c = &gw["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["image"], "registry.example/toolrun-gateway:0.1.0");
+    assert_eq!(c["args"][4], "agents-sandbox");
+    assert_eq!(
+        c["args"].as_array().unwrap()[9..],
+        [json!("--config"), json!("/etc/toolrun/toolrun.yaml")]
+    );
+    let gw_cm = find(&objs, "ConfigMap", Some(NS), "toolrun-gateway");
+    let gw_cfg =
+        &helm::parse_manifests(gw_cm["data"]["toolrun.yaml"].as_str().unwrap()).unwrap()[0];
+    assert_eq!(gw_cfg["tools"]["calculator"]["enabled"], false);
+    assert_hardened_pod(gw);
+
+    let np = find(&objs, "NetworkPolicy", Some(NS), "toolrun-operator");
+    assert_eq!(
+        np["spec"]["egress"],
+        json!([{"ports": [{"protocol": "TCP", "port": 8443}], "to": [{"ipBlock": {"cidr": "192.0.2.10/32"}}]}])
+    );
+
+    // A release without NetworkPolicies for our pods still has the sandbox's deny-all.
+    let objs = render(&helm, &[("networkPolicy.enabled", json!(false))])
+        .await
+        .unwrap();
+    let policies: Vec<&str> = objs
+        .iter()
+        .filter(|o| o["kind"] == "NetworkPolicy")
+        .map(|o| o["metadata"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(policies, ["toolrun-sandbox-deny-all"]);
+
+    // Without leader election the Lease Role goes too.
+    let objs = render(
+        &helm,
+        &[("operator.controller.leaderElection.enabled", json!(false))],
+    )
+    .await
+    .unwrap();
+    assert!(
+        !objs
+            .iter()
+            .any(|o| o["metadata"]["name"] == "toolrun-operator-leader-election")
+    );
+
+    // An existing sandbox namespace is not created (nor owned) by the release.
+    let objs = render(&helm, &[("sandbox.createNamespace", json!(false))])
+        .await
+        .unwrap();
+    assert!(!objs.iter().any(|o| o["kind"] == "Namespace"));
+}
+
+#[tokio::test]
+async fn bad_values_are_rejected_with_the_key_named() {
+    let Some(helm) = helm_or_skip("bad_values_are_rejected_with_the_key_named") else {
+        return;
+    };
+    let cases: Vec<(Vec<(&str, Value)>, &str)> = vec![
+        (
+            vec![("sandbox.defaultLimits.memoryMiB", json!(-1))],
+            "/sandbox/defaultLimits/memoryMiB",
+        ),
+        (
+            vec![("sandbox.maxLimits.timeoutSeconds", json!(-30))],
+            "/sandbox/maxLimits/timeoutSeconds",
+        ),
+        (
+            vec![("sandbox.maxLimits.outputBytes", json!(1 << 20))],
+            "/sandbox/maxLimits/outputBytes",
+        ),
+        (
+            vec![("sandbox.defaultLimits.cpuMillis", json!(0))],
+            "/sandbox/defaultLimits/cpuMillis",
+        ),
+        (
+            vec![("sandbox.ttlSecondsAfterFinished", json!(-1))],
+            "/sandbox/ttlSecondsAfterFinished",
+        ),
+        (vec![("operator.replicas", json!(-1))], "/operator/replicas"),
+        (
+            vec![("operator.controller.apiQps", json!(0))],
+            "/operator/controller/apiQps",
+        ),
+        (
+            vec![("sandbox.timeout", json!(5))],
+            "additional properties 'timeout'",
+        ),
+        (
+            vec![("sandbox.defaultLimits.memory", json!(5))],
+            "additional properties 'memory'",
+        ),
+        (
+            vec![("operator.replica", json!(2))],
+            "additional properties 'replica'",
+        ),
+        (
+            vec![("images.gateway.pullPolicy", json!("Sometimes"))],
+            "/images/gateway/pullPolicy",
+        ),
+        (
+            vec![("languages.python.interpreter", json!("python3"))],
+            "/languages/python/interpreter",
+        ),
+        (
+            vec![(
+                "languages.ruby",
+                json!({"image": "ruby", "interpreter": "/usr/bin/ruby"}),
+            )],
+            "additional properties 'ruby'",
+        ),
+        (
+            vec![("sandbox.namespace", json!("Not_A_Namespace"))],
+            "/sandbox/namespace",
+        ),
+        // (helm names the wrong path for propertyNames errors, so match the name itself)
+        (
+            vec![("sandbox.baseEnv", json!({"BAD-NAME": "x"}))],
+            "invalid propertyName 'BAD-NAME'",
+        ),
+        (
+            vec![("networkPolicy.apiServer.ports", json!([0]))],
+            "/networkPolicy/apiServer/ports/0",
+        ),
+        // What the schema cannot say, the templates check.
+        (
+            vec![("sandbox.defaultLimits.memoryMiB", json!(4096))],
+            "sandbox.defaultLimits.memoryMiB (4096) is above sandbox.maxLimits.memoryMiB (2048)",
+        ),
+        (
+            vec![("sandbox.namespace", json!(NS))],
+            "must differ from the release namespace",
+        ),
+        (
+            vec![("images.runner.pullPolicy", json!("Always"))],
+            "images.runner.pullPolicy and images.sandbox.pullPolicy must be equal",
+        ),
+        (
+            vec![
+                ("operator.replicas", json!(2)),
+                ("operator.controller.leaderElection.enabled", json!(false)),
+            ],
+            "operator.replicas > 1 needs operator.controller.leaderElection.enabled",
+        ),
+        (
+            vec![(
+                "operator.controller.leaderElection.renewDeadlineSeconds",
+                json!(20),
+            )],
+            "leaseDurationSeconds > renewDeadlineSeconds > retryPeriodSeconds",
+        ),
+    ];
+    for (values, message) in cases {
+        match render(&helm, &values).await {
+            Ok(_) => panic!("{values:?} was accepted"),
+            Err(e) => {
+                let e = format!("{e:#}");
+                assert!(
+                    e.contains(message),
+                    "{values:?}: expected {message:?} in: {e}"
+                );
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------- on the cluster
+
+async fn kubernetes_service_ip(client: &Client) -> Result<String> {
+    Api::<Service>::namespaced(client.clone(), "default")
+        .get("kubernetes")
+        .await?
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .context("the kubernetes Service has no ClusterIP")
+}
+
+#[tokio::test]
+async fn server_side_dry_run_passes_and_finds_the_api_server() {
+    let test = "helm-dry-run-server";
+    let Some(client) = cluster(test).await else {
+        return;
+    };
+    let helm = Helm::find().expect("helm");
+    let ns = format!("e2e-helm-dry-run-{}", std::process::id());
+    let out = helm
+        .run([
+            "install",
+            "toolrun",
+            &helm::chart_dir().display().to_string(),
+            "--namespace",
+            &ns,
+            "--create-namespace",
+            "--set",
+            &format!("sandbox.namespace={ns}-sbx"),
+            "--dry-run=server",
+        ])
+        .await
+        .expect("helm install --dry-run=server");
+    // The manifest section of the output.
+    let manifest = out
+        .split_once("MANIFEST:\n")
+        .map(|(_, m)| m.split("\nNOTES:").next().unwrap_or(m))
+        .expect("a MANIFEST section");
+    let objs = helm::parse_manifests(manifest).unwrap();
+    assert_eq!(objs.iter().filter(|o| o["kind"] == "Deployment").count(), 2);
+    // Helm looked at the cluster: the egress rule names the API server, not 0.0.0.0/0.
+    let ip = kubernetes_service_ip(&client).await.unwrap();
+    let np = objs
+        .iter()
+        .find(|o| o["kind"] == "NetworkPolicy" && o["metadata"]["name"] == "toolrun-operator")
+        .unwrap();
+    let cidrs: Vec<&str> = np["spec"]["egress"][0]["to"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["ipBlock"]["cidr"].as_str().unwrap())
+        .collect();
+    assert!(cidrs.contains(&format!("{ip}/32").as_str()), "{cidrs:?}");
+    assert!(!cidrs.contains(&"0.0.0.0/0"), "{cidrs:?}");
+    // The NOTES tell the next step.
+    assert!(
+        out.contains("port-forward svc/toolrun-gateway 50051:50051"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("kubectl get toolruns -n {ns}-sbx")),
+        "{out}"
+    );
+    // Nothing was created.
+    let namespaces: Api<Namespace> = Api::all(client);
+    assert!(namespaces.get_opt(&ns).await.unwrap().is_none());
+    assert!(
+        namespaces
+            .get_opt(&format!("{ns}-sbx"))
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+/// Labels the test namespace Pod Security `restricted`, so the release's own pods prove they
+/// meet it.
+async fn restrict(ns: &TestNs) -> Result<()> {
+    let patch = json!({"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }}});
+    Api::<Namespace>::all(ns.client.clone())
+        .patch(&ns.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// What the release put in the cluster, by kind and name (its instance label).
+async fn release_objects(client: &Client, release: &Release) -> Result<Vec<String>> {
+    let lp = ListParams::default().labels(&release.selector());
+    let mut out = Vec::new();
+    macro_rules! collect {
+        ($kind:ty, $ns:expr) => {
+            for o in Api::<$kind>::namespaced(client.clone(), $ns)
+                .list(&lp)
+                .await?
+            {
+                out.push(format!(
+                    "{} {}/{}",
+                    stringify!($kind),
+                    $ns,
+                    o.metadata.name.unwrap_or_default()
+                ));
+            }
+        };
+    }
+    for ns in [&release.namespace, &release.sandbox_namespace] {
+        collect!(Deployment, ns);
+        collect!(Service, ns);
+        collect!(ConfigMap, ns);
+        collect!(ServiceAccount, ns);
+        collect!(Role, ns);
+        collect!(RoleBinding, ns);
+        collect!(NetworkPolicy, ns);
+        collect!(Pod, ns);
+    }
+    for o in Api::<ClusterRole>::all(client.clone()).list(&lp).await? {
+        out.push(format!(
+            "ClusterRole {}",
+            o.metadata.name.unwrap_or_default()
+        ));
+    }
+    for o in Api::<ClusterRoleBinding>::all(client.clone())
+        .list(&lp)
+        .await?
+    {
+        out.push(format!(
+            "ClusterRoleBinding {}",
+            o.metadata.name.unwrap_or_default()
+        ));
+    }
+    out.sort();
+    Ok(out)
+}
+
+async fn assert_only_the_crd_remains(client: &Client, release: &Release) -> Result<()> {
+    let left = release_objects(client, release).await?;
+    ensure!(left.is_empty(), "left behind by helm uninstall: {left:?}");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    ensure!(
+        namespaces
+            .get_opt(&release.sandbox_namespace)
+            .await?
+            .is_none(),
+        "the sandbox namespace is still there"
+    );
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    ensure!(
+        crds.get_opt("toolruns.toolrun.dev").await?.is_some(),
+        "the CRD was removed (Helm keeps CRDs of crds/)"
+    );
+    let out = release
+        .helm
+        .run([
+            "list",
+            "--namespace",
+            &release.namespace,
+            "--all",
+            "--short",
+        ])
+        .await?;
+    ensure!(out.trim().is_empty(), "helm still lists releases: {out}");
+    Ok(())
+}
+
+/// A pod that `restricted` forbids must be refused in the sandbox namespace.
+async fn assert_sandbox_namespace_enforces_restricted(client: &Client, ns: &str) -> Result<()> {
+    let mut pod = sandbox_pod("privileged", &[], python("print(1)"));
+    let spec = pod.spec.as_mut().unwrap();
+    spec.security_context = None;
+    spec.containers[0].security_context = Some(k8s_openapi::api::core::v1::SecurityContext {
+        privileged: Some(true),
+        ..Default::default()
+    });
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    match pods.create(&PostParams::default(), &pod).await {
+        Ok(_) => bail!("a privileged pod was admitted into the sandbox namespace {ns}"),
+        Err(kube::Error::Api(e)) if e.code == 403 && e.message.contains("PodSecurity") => Ok(()),
+        Err(e) => bail!("unexpected answer to a privileged pod: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn install_is_available_and_uninstall_leaves_only_the_crd() {
+    run_in_namespace("helm-install", |ns| async move {
+        restrict(&ns).await?;
+        let client = ns.client.clone();
+        let mut release = install_chart(
+            &client,
+            &format!("r{}", &ns.name[ns.name.len() - 6..]),
+            &ns.name,
+            &[],
+        )
+        .await?;
+
+        // The sandbox namespace and what the release made in it.
+        let sbx: Namespace = Api::<Namespace>::all(client.clone())
+            .get(&release.sandbox_namespace)
+            .await?;
+        let labels = sbx.metadata.labels.unwrap_or_default();
+        for mode in ["enforce", "audit", "warn"] {
+            ensure!(
+                labels
+                    .get(&format!("pod-security.kubernetes.io/{mode}"))
+                    .map(String::as_str)
+                    == Some("restricted"),
+                "sandbox namespace lacks PSS {mode}=restricted: {labels:?}"
+            );
+        }
+        assert_sandbox_namespace_enforces_restricted(&client, &release.sandbox_namespace).await?;
+        let np: Api<NetworkPolicy> = Api::namespaced(client.clone(), &release.sandbox_namespace);
+        let deny = np.get("toolrun-sandbox-deny-all").await?;
+        let spec = deny.spec.context("deny-all has no spec")?;
+        ensure!(spec.policy_types == Some(vec!["Ingress".into(), "Egress".into()]));
+        ensure!(
+            spec.ingress.unwrap_or_default().is_empty()
+                && spec.egress.unwrap_or_default().is_empty()
+        );
+
+        // The API server stored the Roles as rendered (no widening by aggregation etc.).
+        let roles: Api<Role> = Api::namespaced(client.clone(), &release.sandbox_namespace);
+        let op = serde_json::to_value(roles.get("toolrun-operator").await?)?;
+        ensure!(
+            grants(&op) == operator_sandbox_grants(),
+            "operator Role: {op}"
+        );
+
+        release.uninstall().await?;
+        assert_only_the_crd_remains(&client, &release).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn two_releases_live_side_by_side_and_uninstall_separately() {
+    run_in_namespace("helm-two-releases-a", |a| async move {
+        let b = TestNs::create(&a.client, "helm-two-releases-b").await?;
+        let outcome = two_releases(&a, &b).await;
+        if outcome.is_err() {
+            b.dump().await;
+        }
+        b.delete().await;
+        outcome
+    })
+    .await;
+}
+
+async fn two_releases(a: &TestNs, b: &TestNs) -> Result<()> {
+    restrict(a).await?;
+    restrict(b).await?;
+    let client = a.client.clone();
+    // Installed at once: both ship the CRD in crds/, which Helm creates only when missing.
+    let (ra, rb) = tokio::join!(
+        install_only(&client, "toolrun-a", &a.name, &[]),
+        install_only(&client, "toolrun-b", &b.name, &[]),
+    );
+    let (mut ra, rb) = (ra?, rb?);
+    ensure!(ra.sandbox_namespace != rb.sandbox_namespace);
+    let limit = Duration::from_secs(180);
+    let (wa, wb) = tokio::join!(ra.wait_available(limit), rb.wait_available(limit));
+    if wa.is_err() || wb.is_err() {
+        ra.dump().await;
+        rb.dump().await;
+        wa?;
+        wb?;
+    }
+    ensure!(!release_objects(&client, &ra).await?.is_empty());
+
+    // Removing one release leaves the other whole and working.
+    ra.uninstall().await?;
+    assert_only_the_crd_remains(&client, &ra).await?;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &rb.namespace);
+    for name in helm::DEPLOYMENTS {
+        ensure!(
+            helm::deployment_available(&deployments.get(name).await?),
+            "{name} of the other release is no longer Available"
+        );
+    }
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    ensure!(namespaces.get_opt(&rb.sandbox_namespace).await?.is_some());
+    let np: Api<NetworkPolicy> = Api::namespaced(client.clone(), &rb.sandbox_namespace);
+    ensure!(np.get_opt("toolrun-sandbox-deny-all").await?.is_some());
+    let mut rb = rb;
+    rb.uninstall().await?;
+    assert_only_the_crd_remains(&client, &rb).await
+}
+
+/// A pod that tries each `host:port` once a second until it sees the same outcome (`open` or
+/// `blocked`) three times in a row, and prints `RESULT host:port outcome` for each.
+fn probe_pod(name: &str, labels: &[(&str, &str)], targets: &[(String, u16)]) -> Pod {
+    let targets: Vec<String> = targets
+        .iter()
+        .map(|(h, p)| format!("(\"{h}\", {p})"))
+        .collect();
+    let script = format!(
+        r#"
+import socket, sys, time
+for host, port in [{}]:
+    last, streak, result = None, 0, "undecided"
+    for attempt in range(40):
+        try:
+            socket.create_connection((host, port), timeout=2).close()
+            now = "open"
+        except OSError as e:
+            now = "blocked"
+        streak = streak + 1 if now == last else 1
+        last = now
+        if streak == 3:
+            result = now
+            break
+        time.sleep(1)
+    print("RESULT", f"{{host}}:{{port}}", result, flush=True)
+"#,
+        targets.join(", ")
+    );
+    sandbox_pod(name, labels, python(&script))
+}
+
+async fn probe_results(ns: &TestNs, name: &str) -> Result<BTreeMap<String, String>> {
+    let pods = ns.pods();
+    let pod = wait_pod(
+        &pods,
+        name,
+        Duration::from_secs(240),
+        "finished",
+        is_finished,
+    )
+    .await?;
+    let log = logs(&pods, name).await?;
+    ensure!(
+        phase(&pod) == "Succeeded",
+        "probe {name} ended {}: {log}",
+        phase(&pod)
+    );
+    Ok(log
+        .lines()
+        .filter_map(|l| l.strip_prefix("RESULT "))
+        .filter_map(|l| l.split_once(' '))
+        .map(|(t, r)| (t.to_string(), r.trim().to_string()))
+        .collect())
+}
+
+#[tokio::test]
+async fn network_policies_let_our_pods_reach_only_the_api_server() {
+    run_in_namespace("helm-network-policies", |ns| async move {
+        restrict(&ns).await?;
+        let client = ns.client.clone();
+        // No gateway or operator pods: stand-ins carry their labels, so this proves the
+        // policies whatever the images do.
+        let mut release = install_only(
+            &client,
+            "toolrun-np",
+            &ns.name,
+            &[
+                ("operator.replicas", json!(0)),
+                ("gateway.replicas", json!(0)),
+            ],
+        )
+        .await?;
+        let outcome = network_policies(&ns, &release).await;
+        if outcome.is_err() {
+            release.dump().await;
+        }
+        release.uninstall().await?;
+        outcome
+    })
+    .await;
+}
+
+async fn network_policies(ns: &TestNs, release: &Release) -> Result<()> {
+    let pods = ns.pods();
+    let labels = |component: &'static str| {
+        [
+            ("app.kubernetes.io/name", "toolrun"),
+            ("app.kubernetes.io/instance", "toolrun-np"),
+            ("app.kubernetes.io/component", component),
+        ]
+    };
+    // A server no policy selects (reachable by anyone not held back by egress rules), and a
+    // gateway stand-in listening on its gRPC port and on a port the policy does not open.
+    let server = |name: &str, labels: &[(&str, &str)], ports: &[(&str, i32)]| {
+        let cmd: Vec<String> = ports
+            .iter()
+            .map(|(_, p)| format!("python3 -m http.server {p} --directory /tmp &"))
+            .collect();
+        let mut pod = sandbox_pod(
+            name,
+            labels,
+            vec![
+                "bash".into(),
+                "-c".into(),
+                format!("{} wait", cmd.join(" ")),
+            ],
+        );
+        let c = &mut pod.spec.as_mut().unwrap().containers[0];
+        c.ports = Some(
+            ports
+                .iter()
+                .map(|(n, p)| k8s_openapi::api::core::v1::ContainerPort {
+                    name: (!n.is_empty()).then(|| n.to_string()),
+                    container_port: *p,
+                    ..Default::default()
+                })
+                .collect(),
+        );
+        c.readiness_probe = Some(k8s_openapi::api::core::v1::Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::Int(ports[ports.len() - 1].1),
+                ..Default::default()
+            }),
+            period_seconds: Some(1),
+            ..Default::default()
+        });
+        pod
+    };
+    pods.create(
+        &PostParams::default(),
+        &server("plain-server", &[("role", "server")], &[("", 8080)]),
+    )
+    .await?;
+    pods.create(
+        &PostParams::default(),
+        &server(
+            "fake-gateway",
+            &labels("gateway"),
+            &[("grpc", 50051), ("", 8081)],
+        ),
+    )
+    .await?;
+    let ip = |p: Pod| p.status.and_then(|s| s.pod_ip).context("server has no IP");
+    let plain = ip(wait_pod(
+        &pods,
+        "plain-server",
+        Duration::from_secs(120),
+        "ready",
+        is_ready,
+    )
+    .await?)?;
+    let gw = ip(wait_pod(
+        &pods,
+        "fake-gateway",
+        Duration::from_secs(120),
+        "ready",
+        is_ready,
+    )
+    .await?)?;
+    let api = kubernetes_service_ip(&ns.client).await?;
+
+    let plain_t = (plain.clone(), 8080);
+    let api_t = (api.clone(), 443);
+    let probes = [
+        // No policy selects it: everything is open (the control: blocked below means the
+        // policy blocked it, not a dead server).
+        (
+            "control",
+            vec![("role", "client")],
+            vec![plain_t.clone(), (gw.clone(), 50051), (gw.clone(), 8081)],
+        ),
+        (
+            "as-operator",
+            labels("operator").to_vec(),
+            vec![api_t.clone(), plain_t.clone()],
+        ),
+        (
+            "as-gateway",
+            labels("gateway").to_vec(),
+            vec![api_t.clone(), plain_t.clone()],
+        ),
+    ];
+    for (name, labels, targets) in &probes {
+        pods.create(&PostParams::default(), &probe_pod(name, labels, targets))
+            .await?;
+    }
+    let mut got = BTreeMap::new();
+    for (name, _, _) in &probes {
+        for (target, result) in probe_results(ns, name).await? {
+            got.insert(format!("{name} -> {target}"), result);
+        }
+    }
+    let want = BTreeMap::from([
+        (format!("control -> {plain}:8080"), "open"),
+        (format!("control -> {gw}:50051"), "open"),
+        (format!("control -> {gw}:8081"), "blocked"),
+        (format!("as-operator -> {api}:443"), "open"),
+        (format!("as-operator -> {plain}:8080"), "blocked"),
+        (format!("as-gateway -> {api}:443"), "open"),
+        (format!("as-gateway -> {plain}:8080"), "blocked"),
+    ]);
+    let want: BTreeMap<String, String> =
+        want.into_iter().map(|(k, v)| (k, v.to_string())).collect();
+    ensure!(
+        got == want,
+        "connections:\n got {got:#?}\nwant {want:#?} (release {})",
+        release.name
+    );
+    Ok(())
+}

@@ -132,7 +132,10 @@ helm template) any address on the API server's ports.
 {{- fail "operator.replicas > 1 needs operator.controller.leaderElection.enabled: two operators without it would both reconcile every ToolRun" -}}
 {{- end -}}
 {{- $le := .Values.operator.controller.leaderElection -}}
-{{- if not (and (gt (int $le.leaseDurationSeconds) (int $le.renewDeadlineSeconds)) (gt (int $le.renewDeadlineSeconds) (int $le.retryPeriodSeconds))) -}}
-{{- fail "operator.controller.leaderElection: needs leaseDurationSeconds > renewDeadlineSeconds > retryPeriodSeconds" -}}
+{{- if ge (int $le.renewDeadlineSeconds) (int $le.leaseDurationSeconds) -}}
+{{- fail (printf "operator.controller.leaderElection.renewDeadlineSeconds (%d) must be below leaseDurationSeconds (%d)" (int $le.renewDeadlineSeconds) (int $le.leaseDurationSeconds)) -}}
+{{- end -}}
+{{- if ge (int .Values.sandbox.tmpSizeMiB) (int .Values.sandbox.defaultLimits.memoryMiB) -}}
+{{- fail (printf "sandbox.tmpSizeMiB (%d) must be below sandbox.defaultLimits.memoryMiB (%d): /tmp is in memory" (int .Values.sandbox.tmpSizeMiB) (int .Values.sandbox.defaultLimits.memoryMiB)) -}}
 {{- end -}}
 {{- end }}

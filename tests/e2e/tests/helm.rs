@@ -777,7 +777,19 @@ async fn bad_values_are_rejected_with_the_key_named() {
                 "operator.controller.leaderElection.renewDeadlineSeconds",
                 json!(20),
             )],
-            "leaseDurationSeconds > renewDeadlineSeconds > retryPeriodSeconds",
+            "renewDeadlineSeconds (20) must be below leaseDurationSeconds (15)",
+        ),
+        (
+            vec![("sandbox.tmpSizeMiB", json!(256))],
+            "sandbox.tmpSizeMiB (256) must be below sandbox.defaultLimits.memoryMiB (256)",
+        ),
+        (
+            vec![("sandbox.ttlSecondsAfterFinished", json!(604_801))],
+            "/sandbox/ttlSecondsAfterFinished",
+        ),
+        (
+            vec![("operator.controller.apiQps", json!(2.5))],
+            "/operator/controller/apiQps",
         ),
     ];
     for (values, message) in cases {

@@ -95,7 +95,8 @@ pub async fn check_crd(client: &Client, api_version: &str, plural: &str) -> Resu
     match client.list_api_group_resources(api_version).await {
         Ok(list) if list.resources.iter().any(|r| r.name == plural) => Ok(()),
         Ok(_) => Err(missing()),
-        Err(kube::Error::Api(s)) if s.is_not_found() => Err(missing()),
+        // An unserved group/version is a plain "404 page not found", not a Status.
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(missing()),
         Err(e) => Err(StartError::Unreachable(e.to_string())),
     }
 }

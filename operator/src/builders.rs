@@ -188,9 +188,11 @@ fn child_metadata(run: &ToolRun, config: &OperatorConfig) -> Result<ObjectMeta, 
             expected: config.namespace.clone(),
         });
     }
-    let owner = run
+    let mut owner = run
         .controller_owner_ref(&())
         .ok_or(BuildError::MissingMetadata("uid"))?;
+    // Foreground deletion of the ToolRun waits for its children.
+    owner.block_owner_deletion = Some(true);
     Ok(ObjectMeta {
         name: Some(name.clone()),
         namespace: Some(namespace),

@@ -1,6 +1,9 @@
 //! What the operator is told at start-up (Helm values end up here).
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Toleration;
 use toolrun_crd::Language;
@@ -146,3 +149,491 @@ impl Default for OperatorConfig {
         }
     }
 }
+
+/// How the controller itself runs (the `controller:` section of the file).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ControllerConfig {
+    /// ToolRuns reconciled at once.
+    pub concurrency: u16,
+    /// Client-side rate of API requests (token bucket refill, per second).
+    pub api_qps: u32,
+    /// Token bucket size: requests allowed in a burst.
+    pub api_burst: u32,
+    /// Leader election.
+    pub leader_election: LeaderElectionConfig,
+    /// Address of `/metrics`, `/healthz`, `/readyz`.
+    pub metrics_listen: SocketAddr,
+    /// How long a pod may wait for its image (ErrImagePull, ImagePullBackOff,
+    /// InvalidImageName, CreateContainerConfigError) or for a node (Unschedulable)
+    /// before the run is an INFRA_ERROR. Counted from the pod's creation.
+    pub pending_grace: Duration,
+}
+
+/// Leader election with a `coordination.k8s.io` Lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaderElectionConfig {
+    /// Off: every replica reconciles (run only one).
+    pub enabled: bool,
+    /// Name of the Lease.
+    pub lease_name: String,
+    /// How long a lease is valid after its last renewal.
+    pub lease_duration_seconds: u32,
+    /// The leader renews this long after its last renewal at the latest
+    /// (lease duration - renew deadline = the margin before expiry, which also absorbs
+    /// clock skew between nodes).
+    pub renew_deadline_seconds: u32,
+    /// How often a follower looks at the lease.
+    pub retry_period_seconds: u32,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        ControllerConfig {
+            concurrency: 16,
+            api_qps: 50,
+            api_burst: 100,
+            leader_election: LeaderElectionConfig {
+                enabled: true,
+                lease_name: "toolrun-operator".into(),
+                lease_duration_seconds: 15,
+                renew_deadline_seconds: 10,
+                retry_period_seconds: 2,
+            },
+            metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            pending_grace: Duration::from_secs(60),
+        }
+    }
+}
+
+/// A configuration file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not YAML, an unknown key, or a value of the wrong type.
+    #[error("{}{key}: {message}", path_prefix(path))]
+    Parse {
+        /// The file (empty for text).
+        path: PathBuf,
+        /// Path of the offending key, e.g. `controller.leaderElection.leaseName`.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A value the types accept but the operator cannot use.
+    #[error("{key}: {message}")]
+    Invalid {
+        /// Path of the offending key.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn path_prefix(path: &std::path::Path) -> String {
+    if path.as_os_str().is_empty() {
+        String::new()
+    } else {
+        format!("{}: ", path.display())
+    }
+}
+
+/// Everything the configuration file sets.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Config {
+    /// What the builders and the reconciler use.
+    pub operator: OperatorConfig,
+    /// How the controller runs.
+    pub controller: ControllerConfig,
+}
+
+impl Config {
+    /// Reads and validates the YAML file at `path`.
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_yaml(&text).map_err(|e| match e {
+            ConfigError::Parse { key, message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                key,
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses and validates YAML text; every key is optional (defaults:
+    /// [`Config::default`]), unknown keys are errors naming their path.
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        let file: file::File = if text.trim().is_empty() {
+            file::File::default()
+        } else {
+            let de = serde_yaml_ng::Deserializer::from_str(text);
+            serde_path_to_error::deserialize(de).map_err(|e| {
+                let key = e.path().to_string();
+                ConfigError::Parse {
+                    path: PathBuf::new(),
+                    key: if key == "." {
+                        "(top level)".into()
+                    } else {
+                        key
+                    },
+                    message: e.into_inner().to_string(),
+                }
+            })?
+        };
+        let config = file.merge_onto(Config::default());
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what the types cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: String| {
+            Err(ConfigError::Invalid {
+                key: key.into(),
+                message,
+            })
+        };
+        let o = &self.operator;
+        if !is_dns_label(&o.namespace) {
+            return invalid(
+                "namespace",
+                format!("{:?} is not a namespace name", o.namespace),
+            );
+        }
+        for (key, image) in [("runnerImage", &o.runner_image)].into_iter().chain([
+            ("images.python.image", &o.images.python.image),
+            ("images.javascript.image", &o.images.javascript.image),
+            ("images.bash.image", &o.images.bash.image),
+        ]) {
+            if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
+                return invalid(key, format!("{image:?} is not an image reference"));
+            }
+        }
+        for (key, interpreter) in [
+            ("images.python.interpreter", &o.images.python.interpreter),
+            (
+                "images.javascript.interpreter",
+                &o.images.javascript.interpreter,
+            ),
+            ("images.bash.interpreter", &o.images.bash.interpreter),
+        ] {
+            if !interpreter.starts_with('/') {
+                return invalid(key, format!("{interpreter:?} is not an absolute path"));
+            }
+        }
+        if let Some(p) = &o.image_pull_policy
+            && !matches!(p.as_str(), "Always" | "IfNotPresent" | "Never")
+        {
+            return invalid(
+                "imagePullPolicy",
+                format!("{p:?} is not Always, IfNotPresent or Never"),
+            );
+        }
+        if o.default_ttl_seconds_after_finished > 604_800 {
+            return invalid(
+                "defaultTtlSecondsAfterFinished",
+                "must be at most 604800 (a week)".into(),
+            );
+        }
+        // Bounds of the CRD: a limit outside them could never be asked for.
+        type Get = fn(&ResolvedLimits) -> u32;
+        let bounds: [(&str, Get, u32, u32); 5] = [
+            (
+                "timeoutSeconds",
+                |l| l.timeout_seconds,
+                1,
+                toolrun_crd::MAX_TIMEOUT_SECONDS,
+            ),
+            ("memoryMiB", |l| l.memory_mib, 16, 65_536),
+            ("cpuMillis", |l| l.cpu_millis, 10, 64_000),
+            ("processes", |l| l.processes, 1, 32_768),
+            (
+                "outputBytes",
+                |l| l.output_bytes,
+                1,
+                toolrun_crd::MAX_OUTPUT_BYTES,
+            ),
+        ];
+        for (name, get, lo, hi) in bounds {
+            for (section, limits) in [
+                ("defaultLimits", &o.default_limits),
+                ("maxLimits", &o.max_limits),
+            ] {
+                let v = get(limits);
+                if !(lo..=hi).contains(&v) {
+                    return invalid(
+                        &format!("{section}.{name}"),
+                        format!("{v} is not in {lo}..={hi}"),
+                    );
+                }
+            }
+            if get(&o.default_limits) > get(&o.max_limits) {
+                return invalid(
+                    &format!("defaultLimits.{name}"),
+                    format!(
+                        "the default {} is above maxLimits.{name} {}",
+                        get(&o.default_limits),
+                        get(&o.max_limits)
+                    ),
+                );
+            }
+        }
+        if o.tmp_size_mib == 0 || o.tmp_size_mib >= o.default_limits.memory_mib {
+            return invalid(
+                "tmpSizeMiB",
+                format!(
+                    "{} must be at least 1 and below defaultLimits.memoryMiB ({}): /tmp is in memory",
+                    o.tmp_size_mib, o.default_limits.memory_mib
+                ),
+            );
+        }
+        if o.ephemeral_storage_mib < 16 {
+            return invalid("ephemeralStorageMiB", "must be at least 16".into());
+        }
+        for name in o.base_env.keys() {
+            let ident = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ident {
+                return invalid("baseEnv", format!("{name:?} is not a variable name"));
+            }
+        }
+        let c = &self.controller;
+        if c.concurrency == 0 {
+            return invalid("controller.concurrency", "must be at least 1".into());
+        }
+        if c.api_qps == 0 {
+            return invalid("controller.apiQps", "must be at least 1".into());
+        }
+        if c.api_burst == 0 {
+            return invalid("controller.apiBurst", "must be at least 1".into());
+        }
+        let le = &c.leader_election;
+        if !is_dns_label(&le.lease_name) {
+            return invalid(
+                "controller.leaderElection.leaseName",
+                format!("{:?} is not a valid name", le.lease_name),
+            );
+        }
+        if le.retry_period_seconds == 0 {
+            return invalid(
+                "controller.leaderElection.retryPeriodSeconds",
+                "must be at least 1".into(),
+            );
+        }
+        if le.renew_deadline_seconds == 0 || le.renew_deadline_seconds >= le.lease_duration_seconds
+        {
+            return invalid(
+                "controller.leaderElection.renewDeadlineSeconds",
+                format!(
+                    "{} must be at least 1 and below leaseDurationSeconds ({})",
+                    le.renew_deadline_seconds, le.lease_duration_seconds
+                ),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A DNS-1123 label: what namespaces and our object names must be.
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
+/// The file's shape: every key optional, unknown keys rejected.
+mod file {
+    use std::collections::BTreeMap;
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::Toleration;
+    use serde::{Deserialize, Deserializer};
+
+    use super::{Config, LanguageImage, ResolvedLimits};
+
+    /// `Some(None)` for an explicit `null`, `None` when the key is absent.
+    fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Option<Option<T>>, D::Error> {
+        Option::<T>::deserialize(d).map(Some)
+    }
+
+    #[derive(Deserialize, Default)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub(super) struct File {
+        namespace: Option<String>,
+        runner_image: Option<String>,
+        #[serde(default, deserialize_with = "nullable")]
+        image_pull_policy: Option<Option<String>>,
+        images: Option<Images>,
+        default_ttl_seconds_after_finished: Option<u32>,
+        default_limits: Option<Limits>,
+        max_limits: Option<Limits>,
+        #[serde(default, deserialize_with = "nullable")]
+        runtime_class_name: Option<Option<String>>,
+        allowed_runtime_class_names: Option<Vec<String>>,
+        node_selector: Option<BTreeMap<String, String>>,
+        tolerations: Option<Vec<Toleration>>,
+        base_env: Option<BTreeMap<String, String>>,
+        #[serde(rename = "tmpSizeMiB")]
+        tmp_size_mib: Option<u32>,
+        #[serde(rename = "ephemeralStorageMiB")]
+        ephemeral_storage_mib: Option<u32>,
+        user_namespaces: Option<bool>,
+        controller: Option<Controller>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Images {
+        python: Option<Image>,
+        javascript: Option<Image>,
+        bash: Option<Image>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Image {
+        image: Option<String>,
+        interpreter: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct Limits {
+        timeout_seconds: Option<u32>,
+        #[serde(rename = "memoryMiB")]
+        memory_mib: Option<u32>,
+        cpu_millis: Option<u32>,
+        processes: Option<u32>,
+        output_bytes: Option<u32>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct Controller {
+        concurrency: Option<u16>,
+        api_qps: Option<u32>,
+        api_burst: Option<u32>,
+        leader_election: Option<LeaderElection>,
+        metrics_listen: Option<SocketAddr>,
+        pending_grace_seconds: Option<u32>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct LeaderElection {
+        enabled: Option<bool>,
+        lease_name: Option<String>,
+        lease_duration_seconds: Option<u32>,
+        renew_deadline_seconds: Option<u32>,
+        retry_period_seconds: Option<u32>,
+    }
+
+    fn set<T>(target: &mut T, value: Option<T>) {
+        if let Some(v) = value {
+            *target = v;
+        }
+    }
+
+    impl Image {
+        fn merge_onto(self, target: &mut LanguageImage) {
+            set(&mut target.image, self.image);
+            set(&mut target.interpreter, self.interpreter);
+        }
+    }
+
+    impl Limits {
+        fn merge_onto(self, t: &mut ResolvedLimits) {
+            set(&mut t.timeout_seconds, self.timeout_seconds);
+            set(&mut t.memory_mib, self.memory_mib);
+            set(&mut t.cpu_millis, self.cpu_millis);
+            set(&mut t.processes, self.processes);
+            set(&mut t.output_bytes, self.output_bytes);
+        }
+    }
+
+    impl File {
+        pub(super) fn merge_onto(self, mut config: Config) -> Config {
+            let o = &mut config.operator;
+            set(&mut o.namespace, self.namespace);
+            set(&mut o.runner_image, self.runner_image);
+            set(&mut o.image_pull_policy, self.image_pull_policy);
+            if let Some(images) = self.images {
+                if let Some(i) = images.python {
+                    i.merge_onto(&mut o.images.python);
+                }
+                if let Some(i) = images.javascript {
+                    i.merge_onto(&mut o.images.javascript);
+                }
+                if let Some(i) = images.bash {
+                    i.merge_onto(&mut o.images.bash);
+                }
+            }
+            set(
+                &mut o.default_ttl_seconds_after_finished,
+                self.default_ttl_seconds_after_finished,
+            );
+            if let Some(l) = self.default_limits {
+                l.merge_onto(&mut o.default_limits);
+            }
+            if let Some(l) = self.max_limits {
+                l.merge_onto(&mut o.max_limits);
+            }
+            set(&mut o.runtime_class_name, self.runtime_class_name);
+            set(
+                &mut o.allowed_runtime_class_names,
+                self.allowed_runtime_class_names,
+            );
+            set(&mut o.node_selector, self.node_selector);
+            set(&mut o.tolerations, self.tolerations);
+            set(&mut o.base_env, self.base_env);
+            set(&mut o.tmp_size_mib, self.tmp_size_mib);
+            set(&mut o.ephemeral_storage_mib, self.ephemeral_storage_mib);
+            set(&mut o.user_namespaces, self.user_namespaces);
+            if let Some(c) = self.controller {
+                let t = &mut config.controller;
+                set(&mut t.concurrency, c.concurrency);
+                set(&mut t.api_qps, c.api_qps);
+                set(&mut t.api_burst, c.api_burst);
+                set(&mut t.metrics_listen, c.metrics_listen);
+                set(
+                    &mut t.pending_grace,
+                    c.pending_grace_seconds
+                        .map(|s| Duration::from_secs(s.into())),
+                );
+                if let Some(le) = c.leader_election {
+                    let t = &mut t.leader_election;
+                    set(&mut t.enabled, le.enabled);
+                    set(&mut t.lease_name, le.lease_name);
+                    set(&mut t.lease_duration_seconds, le.lease_duration_seconds);
+                    set(&mut t.renew_deadline_seconds, le.renew_deadline_seconds);
+                    set(&mut t.retry_period_seconds, le.retry_period_seconds);
+                }
+            }
+            config
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

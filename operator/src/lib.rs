@@ -1,16 +1,220 @@
 //! The toolrun operator: turns each ToolRun into a ConfigMap and a locked-down pod, and
 //! the runner's record in the pod's log into the ToolRun's status.
 //!
-//! So far the pure parts, configured by [`config::OperatorConfig`]: [`builders`]
-//! (ToolRun -> ConfigMap, Pod; namespace -> NetworkPolicy), [`record`] (pod log ->
-//! runner record) and [`status`] (record or finished pod -> ToolRun status). The
-//! controller that fetches and applies comes next.
+//! - [`config`]: the YAML configuration ([`Config`]: [`OperatorConfig`] for the
+//!   builders, [`ControllerConfig`] for the controller);
+//! - [`builders`] (ToolRun -> ConfigMap, Pod; namespace -> NetworkPolicy), [`record`]
+//!   (pod log -> runner record) and [`status`] (record or finished pod -> status): pure;
+//! - [`decide`]: the reconciler's decision, pure; [`controller`]: the kube-runtime
+//!   controller that observes and carries the decisions out;
+//! - [`leader`]: Lease-based leader election; [`ratelimit`]: the client-side token
+//!   bucket; [`metrics`]: Prometheus metrics and the admin port.
+//!
+//! [`run`] puts them together; `main.rs` only parses flags and calls it.
 
 pub mod builders;
 pub mod config;
+pub mod controller;
+pub mod decide;
+pub mod leader;
+pub mod metrics;
+pub mod ratelimit;
 pub mod record;
 pub mod status;
 
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
 pub use builders::BuildError;
-pub use config::OperatorConfig;
+pub use config::{Config, ConfigError, ControllerConfig, OperatorConfig};
 pub use record::{RecordError, record_from_log};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::controller::Context;
+use crate::metrics::{AdminState, Metrics};
+
+/// Why the operator could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The kube client could not be configured.
+    #[error("configuring the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    /// The metrics listener could not be bound.
+    #[error("binding the metrics listener {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Leader election failed to start.
+    #[error(transparent)]
+    Leader(#[from] leader::Error),
+}
+
+/// Who this replica is: its leader-election identity and the namespace of its Lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// Unique among replicas (the pod name).
+    pub name: String,
+    /// Namespace of the Lease (the operator's own).
+    pub lease_namespace: String,
+}
+
+impl Identity {
+    /// From the environment: `POD_NAME` (else the hostname) and `POD_NAMESPACE` (else
+    /// `fallback_namespace`).
+    pub fn from_env(fallback_namespace: &str) -> Identity {
+        let nonempty = |v: String| (!v.trim().is_empty()).then(|| v.trim().to_string());
+        let name = std::env::var("POD_NAME")
+            .ok()
+            .and_then(nonempty)
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .and_then(nonempty)
+            })
+            .unwrap_or_else(|| format!("toolrun-operator-{}", std::process::id()));
+        let lease_namespace = std::env::var("POD_NAMESPACE")
+            .ok()
+            .and_then(nonempty)
+            .unwrap_or_else(|| fallback_namespace.to_string());
+        Identity {
+            name,
+            lease_namespace,
+        }
+    }
+}
+
+/// A kube client from the environment (in-cluster, or KUBECONFIG) whose requests pass
+/// a token bucket of `ctl.api_qps` per second and bursts of `ctl.api_burst`.
+pub async fn client(ctl: &ControllerConfig) -> Result<kube::Client, Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::Client(kube::Error::InferConfig(e)))?;
+    rate_limited_client(config, ctl)
+}
+
+/// A client for `config` behind the token bucket of `ctl`.
+pub fn rate_limited_client(
+    config: kube::Config,
+    ctl: &ControllerConfig,
+) -> Result<kube::Client, Error> {
+    let builder = kube::client::ClientBuilder::try_from(config).map_err(Error::Client)?;
+    Ok(builder
+        .with_layer(&ratelimit::RateLimitLayer::new(ctl.api_qps, ctl.api_burst))
+        .build())
+}
+
+/// Runs the operator until `shutdown` resolves: the admin port, the deny-all
+/// NetworkPolicy, leader election, and the controller while this replica leads.
+/// On shutdown the controller lets in-flight reconciles finish and the lease is released.
+pub async fn run(
+    client: kube::Client,
+    config: OperatorConfig,
+    ctl: ControllerConfig,
+    identity: Identity,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let metrics = Arc::new(Metrics::new());
+    let admin = Arc::new(AdminState {
+        ready: Default::default(),
+        metrics: metrics.clone(),
+    });
+    let stop = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind(ctl.metrics_listen)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: ctl.metrics_listen,
+            source,
+        })?;
+    let admin_addr = listener.local_addr().ok();
+    let admin_task = tokio::spawn(
+        axum::serve(listener, metrics::router(admin.clone()))
+            .with_graceful_shutdown(stop.clone().cancelled_owned())
+            .into_future(),
+    );
+    let shutdown_task = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            stop.cancel();
+        })
+    };
+    info!(
+        namespace = %config.namespace,
+        identity = %identity.name,
+        metrics = ?admin_addr,
+        "toolrun-operator starting"
+    );
+
+    if let Err(e) = controller::ensure_network_policy(&client, &config.namespace).await {
+        // The chart ships the same policy; without the permission (or on a conflict) the
+        // operator still runs, but says so.
+        warn!(error = %e, "could not apply the deny-all NetworkPolicy");
+    }
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        config,
+        &ctl,
+        identity.name.clone(),
+        metrics.clone(),
+    ));
+
+    let result = if ctl.leader_election.enabled {
+        match leader::Leadership::start(client, &ctl.leader_election, &identity).await {
+            Ok(mut leadership) => {
+                admin.ready.store(true, Ordering::Release);
+                lead_while_leader(&mut leadership, &ctx, &ctl, &stop, &identity).await;
+                leadership.release().await;
+                Ok(())
+            }
+            Err(e) => Err(Error::Leader(e)),
+        }
+    } else {
+        admin.ready.store(true, Ordering::Release);
+        metrics.leader.set(1);
+        controller::run_controller(ctx.clone(), ctl.concurrency, stop.clone().cancelled_owned())
+            .await;
+        metrics.leader.set(0);
+        Ok(())
+    };
+    admin.ready.store(false, Ordering::Release);
+    stop.cancel();
+    shutdown_task.abort();
+    if let Ok(Err(e)) = admin_task.await {
+        warn!(error = %e, "the admin server failed");
+    }
+    info!("toolrun-operator stopped");
+    result
+}
+
+/// Reconciles during each term of leadership until `stop`.
+async fn lead_while_leader(
+    leadership: &mut leader::Leadership,
+    ctx: &Arc<Context>,
+    ctl: &ControllerConfig,
+    stop: &CancellationToken,
+    identity: &Identity,
+) {
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            leading = leadership.wait_until_leader() => if !leading { return },
+        }
+        info!(identity = %identity.name, "holding the lease: reconciling");
+        ctx.metrics.leader.set(1);
+        let term = stop.child_token();
+        let watch = leadership.stop_on_loss(term.clone());
+        controller::run_controller(ctx.clone(), ctl.concurrency, term.cancelled_owned()).await;
+        watch.abort();
+        ctx.metrics.leader.set(0);
+        if stop.is_cancelled() {
+            return;
+        }
+        warn!(identity = %identity.name, "lost the lease: stopped reconciling");
+    }
+}

@@ -16,6 +16,9 @@ pub enum RecordError {
     /// The last line looks like a record but does not parse.
     #[error("the pod log's last line is not a valid runner event: {0}")]
     Malformed(#[source] serde_json::Error),
+    /// The API server would not give the run container's log (e.g. the pod is gone).
+    #[error("the run container's log is unavailable: {0}")]
+    LogUnavailable(String),
     /// A runner speaking another protocol version.
     #[error("the runner wrote protocol version {found}, this operator reads {PROTOCOL_VERSION}")]
     Version {

@@ -309,6 +309,7 @@ fn children_are_labelled_and_owned() {
         assert_eq!(owner.name, "tr-1");
         assert_eq!(owner.uid, "0b9c5f6e-uid");
         assert_eq!(owner.controller, Some(true));
+        assert_eq!(owner.block_owner_deletion, Some(true));
     }
     // A call id that is already a label value is kept as is.
     let mut plain = run.clone();

@@ -1,0 +1,246 @@
+use super::*;
+
+/// The contract's example file, verbatim.
+const CONTRACT_YAML: &str = r#"
+namespace: toolrun-sandbox          # the only namespace whose ToolRuns are run
+runnerImage: toolrun/runner:0.1.0
+imagePullPolicy: IfNotPresent
+images:
+  python:     {image: toolrun/sandbox:0.1.0, interpreter: /usr/bin/python3}
+  javascript: {image: toolrun/sandbox:0.1.0, interpreter: /usr/bin/node}
+  bash:       {image: toolrun/sandbox:0.1.0, interpreter: /bin/bash}
+defaultTtlSecondsAfterFinished: 3600
+defaultLimits: {timeoutSeconds: 30, memoryMiB: 256, cpuMillis: 500, processes: 64, outputBytes: 65536}
+maxLimits:     {timeoutSeconds: 300, memoryMiB: 2048, cpuMillis: 2000, processes: 1024, outputBytes: 262144}
+runtimeClassName: null              # e.g. gvisor
+allowedRuntimeClassNames: []
+nodeSelector: {}
+tolerations: []                     # core/v1 Toleration objects
+baseEnv: {PATH: /usr/local/bin:/usr/bin:/bin, HOME: /tmp, LANG: C.UTF-8, PYTHONDONTWRITEBYTECODE: "1"}
+tmpSizeMiB: 64
+ephemeralStorageMiB: 64
+userNamespaces: false
+controller:
+  concurrency: 16                   # ToolRuns reconciled at once
+  apiQps: 50                        # client-side rate limit of API requests (token bucket)
+  apiBurst: 100
+  leaderElection:
+    enabled: true
+    leaseName: toolrun-operator
+    leaseDurationSeconds: 15
+    renewDeadlineSeconds: 10
+    retryPeriodSeconds: 2
+  metricsListen: 0.0.0.0:9090       # /metrics (Prometheus text), /healthz, /readyz
+"#;
+
+fn err(yaml: &str) -> ConfigError {
+    Config::from_yaml(yaml).expect_err("the file should be refused")
+}
+
+fn key_of(e: &ConfigError) -> &str {
+    match e {
+        ConfigError::Parse { key, .. } | ConfigError::Invalid { key, .. } => key,
+        ConfigError::Read { .. } => "",
+    }
+}
+
+#[test]
+fn the_contract_file_is_the_default() {
+    assert_eq!(Config::from_yaml(CONTRACT_YAML).unwrap(), Config::default());
+    assert_eq!(Config::from_yaml("").unwrap(), Config::default());
+    assert_eq!(Config::from_yaml("{}\n").unwrap(), Config::default());
+}
+
+#[test]
+fn every_key_is_read() {
+    let c = Config::from_yaml(
+        r#"
+namespace: sbx
+runnerImage: reg.example/runner:1
+imagePullPolicy: null
+images:
+  javascript: {image: node:22}
+defaultTtlSecondsAfterFinished: 60
+defaultLimits: {memoryMiB: 128}
+maxLimits: {timeoutSeconds: 60}
+runtimeClassName: gvisor
+allowedRuntimeClassNames: [kata]
+nodeSelector: {pool: sandbox}
+tolerations: [{key: sandbox, operator: Exists, effect: NoSchedule}]
+baseEnv: {PATH: /bin}
+tmpSizeMiB: 32
+ephemeralStorageMiB: 128
+userNamespaces: true
+controller:
+  concurrency: 4
+  apiQps: 5
+  apiBurst: 10
+  pendingGraceSeconds: 7
+  metricsListen: 127.0.0.1:9191
+  leaderElection: {enabled: false, leaseName: other, leaseDurationSeconds: 20, renewDeadlineSeconds: 12, retryPeriodSeconds: 3}
+"#,
+    )
+    .unwrap();
+    let o = &c.operator;
+    assert_eq!(o.namespace, "sbx");
+    assert_eq!(o.runner_image, "reg.example/runner:1");
+    assert_eq!(o.image_pull_policy, None, "null = the cluster's default");
+    assert_eq!(o.images.javascript.image, "node:22");
+    assert_eq!(o.images.javascript.interpreter, "/usr/bin/node", "kept");
+    assert_eq!(o.images.python, OperatorConfig::default().images.python);
+    assert_eq!(o.default_ttl_seconds_after_finished, 60);
+    assert_eq!(o.default_limits.memory_mib, 128);
+    assert_eq!(o.default_limits.timeout_seconds, 30, "kept");
+    assert_eq!(o.max_limits.timeout_seconds, 60);
+    assert_eq!(o.runtime_class_name.as_deref(), Some("gvisor"));
+    assert_eq!(o.allowed_runtime_class_names, ["kata"]);
+    assert_eq!(o.node_selector["pool"], "sandbox");
+    assert_eq!(o.tolerations[0].operator.as_deref(), Some("Exists"));
+    assert_eq!(o.base_env.len(), 1, "baseEnv replaces the default");
+    assert_eq!(o.tmp_size_mib, 32);
+    assert_eq!(o.ephemeral_storage_mib, 128);
+    assert!(o.user_namespaces);
+    let ctl = &c.controller;
+    assert_eq!(ctl.concurrency, 4);
+    assert_eq!((ctl.api_qps, ctl.api_burst), (5, 10));
+    assert_eq!(ctl.pending_grace, Duration::from_secs(7));
+    assert_eq!(ctl.metrics_listen.to_string(), "127.0.0.1:9191");
+    let le = &ctl.leader_election;
+    assert!(!le.enabled);
+    assert_eq!(le.lease_name, "other");
+    assert_eq!(
+        (
+            le.lease_duration_seconds,
+            le.renew_deadline_seconds,
+            le.retry_period_seconds
+        ),
+        (20, 12, 3)
+    );
+    // Absent imagePullPolicy keeps the default; explicit null clears it.
+    assert_eq!(
+        Config::from_yaml("namespace: x\n")
+            .unwrap()
+            .operator
+            .image_pull_policy
+            .as_deref(),
+        Some("IfNotPresent")
+    );
+}
+
+#[test]
+fn unknown_keys_name_their_path() {
+    for (yaml, path) in [
+        ("namespaces: x\n", "namespaces"),
+        ("images: {python: {img: x}}\n", "images.python.img"),
+        ("images: {ruby: {image: x}}\n", "images.ruby"),
+        ("defaultLimits: {memoryMB: 5}\n", "defaultLimits.memoryMB"),
+        (
+            "controller: {leaderElection: {leaseTime: 5}}\n",
+            "controller.leaderElection.leaseTime",
+        ),
+        ("controller: {qps: 5}\n", "controller.qps"),
+    ] {
+        let e = err(yaml);
+        assert!(matches!(e, ConfigError::Parse { .. }), "{yaml}: {e}");
+        assert_eq!(key_of(&e), path, "{yaml}: {e}");
+        assert!(e.to_string().contains("unknown field"), "{e}");
+    }
+}
+
+#[test]
+fn values_of_the_wrong_type_name_their_path() {
+    for (yaml, path) in [
+        (
+            "controller: {concurrency: many}\n",
+            "controller.concurrency",
+        ),
+        (
+            "controller: {concurrency: 70000}\n",
+            "controller.concurrency",
+        ),
+        ("maxLimits: {memoryMiB: -1}\n", "maxLimits.memoryMiB"),
+        (
+            "controller: {metricsListen: localhost}\n",
+            "controller.metricsListen",
+        ),
+        ("userNamespaces: maybe\n", "userNamespaces"),
+        ("tolerations: [{key: [1]}]\n", "tolerations[0].key"),
+        ("- a\n", "(top level)"),
+    ] {
+        let e = err(yaml);
+        assert!(matches!(e, ConfigError::Parse { .. }), "{yaml}: {e}");
+        assert_eq!(key_of(&e), path, "{yaml}: {e}");
+    }
+}
+
+#[test]
+fn bad_values_are_refused_with_their_key() {
+    for (yaml, key) in [
+        ("namespace: Not_A_Name\n", "namespace"),
+        ("runnerImage: ''\n", "runnerImage"),
+        ("images: {bash: {image: 'a b'}}\n", "images.bash.image"),
+        (
+            "images: {python: {interpreter: python3}}\n",
+            "images.python.interpreter",
+        ),
+        ("imagePullPolicy: Sometimes\n", "imagePullPolicy"),
+        (
+            "defaultTtlSecondsAfterFinished: 999999999\n",
+            "defaultTtlSecondsAfterFinished",
+        ),
+        (
+            "defaultLimits: {timeoutSeconds: 0}\n",
+            "defaultLimits.timeoutSeconds",
+        ),
+        (
+            "maxLimits: {outputBytes: 262145}\n",
+            "maxLimits.outputBytes",
+        ),
+        (
+            "defaultLimits: {cpuMillis: 3000}\n",
+            "defaultLimits.cpuMillis",
+        ),
+        ("tmpSizeMiB: 0\n", "tmpSizeMiB"),
+        ("tmpSizeMiB: 256\n", "tmpSizeMiB"),
+        ("ephemeralStorageMiB: 1\n", "ephemeralStorageMiB"),
+        ("baseEnv: {'A-B': x}\n", "baseEnv"),
+        ("controller: {concurrency: 0}\n", "controller.concurrency"),
+        ("controller: {apiQps: 0}\n", "controller.apiQps"),
+        ("controller: {apiBurst: 0}\n", "controller.apiBurst"),
+        (
+            "controller: {leaderElection: {leaseName: 'A'}}\n",
+            "controller.leaderElection.leaseName",
+        ),
+        (
+            "controller: {leaderElection: {renewDeadlineSeconds: 15}}\n",
+            "controller.leaderElection.renewDeadlineSeconds",
+        ),
+        (
+            "controller: {leaderElection: {retryPeriodSeconds: 0}}\n",
+            "controller.leaderElection.retryPeriodSeconds",
+        ),
+    ] {
+        let e = err(yaml);
+        assert!(matches!(e, ConfigError::Invalid { .. }), "{yaml}: {e}");
+        assert_eq!(key_of(&e), key, "{yaml}: {e}");
+    }
+}
+
+#[test]
+fn file_errors_name_the_file() {
+    let dir = std::env::temp_dir().join(format!("toolrun-operator-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("operator.yaml");
+    std::fs::write(&path, "controller: {bogus: 1}\n").unwrap();
+    let e = Config::from_file(&path).unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.starts_with(&format!("{}: controller.bogus: ", path.display())),
+        "{text}"
+    );
+    std::fs::write(&path, CONTRACT_YAML).unwrap();
+    assert_eq!(Config::from_file(&path).unwrap(), Config::default());
+    let missing = Config::from_file(&dir.join("missing.yaml")).unwrap_err();
+    assert!(matches!(missing, ConfigError::Read { .. }), "{missing}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,524 @@
+//! The controller: watches ToolRuns in the sandbox namespace (and the pods and
+//! ConfigMaps it made for them), and carries out what [`crate::decide`] decides.
+//!
+//! Each reconcile reads the ToolRun and its current pod fresh from the API server (the
+//! watch cache may lag behind our own writes), decides one step, does it and returns.
+//! Status writes are server-side applies of the whole status to the status subresource
+//! under the field manager [`FIELD_MANAGER`], carrying the resourceVersion that was read:
+//! if anything changed meanwhile the write fails and the run is looked at again, so a
+//! finished status is never overwritten. Pods are created with POST (AlreadyExists is
+//! success: a restarted operator finds the pod it made); ConfigMaps are applied once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams, PropagationPolicy};
+use kube::runtime::controller::{Action, Config as RuntimeConfig, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use toolrun_crd::{Phase, ToolRun, ToolRunStatus, Verdict, labels};
+use tracing::{debug, info, warn};
+
+use crate::builders::{self, RUN_CONTAINER};
+use crate::config::{ControllerConfig, OperatorConfig};
+use crate::decide::{self, Decision};
+use crate::metrics::{Metrics, VerdictLabels};
+use crate::record::{RecordError, record_from_log};
+use crate::status::{finished_status, status_without_record};
+
+/// The one field manager of everything the operator writes.
+pub const FIELD_MANAGER: &str = "toolrun-operator";
+/// A run whose state changes only through watched objects is still looked at this often.
+const RESYNC: Duration = Duration::from_secs(300);
+/// Backoff after failed reconciles: doubling from this...
+const BACKOFF_MIN: Duration = Duration::from_millis(500);
+/// ...up to this.
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// Why a reconcile failed; the run is retried with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API request failed.
+    #[error("{action}: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The ToolRun lacks a name or namespace (never true of one from the API server).
+    #[error("ToolRun without {0}")]
+    Metadata(&'static str),
+}
+
+fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
+    let action = action.into();
+    move |source| Error::Kube { action, source }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// The API client (rate-limited by the caller's choice).
+    pub client: Client,
+    /// Builders' configuration.
+    pub config: OperatorConfig,
+    /// How long a pod may be stuck pending.
+    pub pending_grace: Duration,
+    /// Events.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Failed reconciles in a row, per run, for the backoff.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Context {
+    /// A context for `client`; events are reported as `toolrun-operator` from `instance`.
+    pub fn new(
+        client: Client,
+        config: OperatorConfig,
+        ctl: &ControllerConfig,
+        instance: String,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let reporter = Reporter {
+            controller: FIELD_MANAGER.into(),
+            instance: Some(instance),
+        };
+        Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            config,
+            pending_grace: ctl.pending_grace,
+            metrics,
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn runs(&self) -> Api<ToolRun> {
+        Api::namespaced(self.client.clone(), &self.config.namespace)
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.config.namespace)
+    }
+
+    fn config_maps(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.config.namespace)
+    }
+
+    async fn event(&self, run: &ToolRun, type_: EventType, reason: &str, note: String) {
+        let mut note = note;
+        if note.len() > 1000 {
+            let mut cut = 1000;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+        }
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note),
+            action: reason.into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &run.object_ref(&())).await {
+            warn!(run = %run.name_any(), reason, error = %e, "publishing an event failed");
+        }
+    }
+}
+
+/// Runs the controller until `stop` resolves, then lets in-flight reconciles finish.
+pub async fn run_controller(
+    ctx: Arc<Context>,
+    concurrency: u16,
+    stop: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let selector = format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE);
+    let children = watcher::Config::default().labels(&selector);
+    Controller::new(ctx.runs(), watcher::Config::default())
+        .owns(ctx.pods(), children.clone())
+        .owns(ctx.config_maps(), children)
+        .with_config(RuntimeConfig::default().concurrency(concurrency))
+        .graceful_shutdown_on(stop)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => debug!(run = %obj.name, "reconciled"),
+                Err(e) => debug!(error = %e, "reconcile failed"),
+            }
+        })
+        .await;
+}
+
+/// One reconcile of one ToolRun.
+pub async fn reconcile(cached: Arc<ToolRun>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let name = cached
+        .metadata
+        .name
+        .clone()
+        .ok_or(Error::Metadata("name"))?;
+    let result = reconcile_inner(&name, &ctx).await;
+    ctx.metrics.reconciled(result.is_ok());
+    if result.is_ok() {
+        ctx.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&name);
+    }
+    result
+}
+
+/// Requeues a failed run with exponential backoff.
+pub fn error_policy(run: Arc<ToolRun>, error: &Error, ctx: Arc<Context>) -> Action {
+    let name = run.name_any();
+    let n = {
+        let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = failures.entry(name.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay = BACKOFF_MIN
+        .saturating_mul(1u32 << (n - 1).min(16))
+        .min(BACKOFF_MAX);
+    warn!(run = %name, error = %error, failures = n, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+async fn reconcile_inner(name: &str, ctx: &Context) -> Result<Action, Error> {
+    let Some(run) = ctx
+        .runs()
+        .get_opt(name)
+        .await
+        .map_err(kube_err(format!("reading ToolRun {name}")))?
+    else {
+        return Ok(Action::await_change());
+    };
+    if run.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let pod_name = decide::current_pod_name(&run);
+    let pod = ctx
+        .pods()
+        .get_opt(&pod_name)
+        .await
+        .map_err(kube_err(format!("reading pod {pod_name}")))?;
+    let decision = decide::decide(
+        &run,
+        pod.as_ref(),
+        Timestamp::now(),
+        &ctx.config,
+        ctx.pending_grace,
+    );
+    debug!(run = %name, ?decision, "decided");
+    execute(&run, pod.as_ref(), decision, ctx).await
+}
+
+async fn execute(
+    run: &ToolRun,
+    pod: Option<&Pod>,
+    decision: Decision,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let name = run.name_any();
+    match decision {
+        Decision::CreatePod { config_map, pod } => create_pod(run, *config_map, *pod, ctx).await,
+        Decision::Progress {
+            phase,
+            pod_name,
+            start_time,
+        } => {
+            let status = ToolRunStatus {
+                phase: Some(phase),
+                pod_name: Some(pod_name.clone()),
+                start_time,
+                ..ToolRunStatus::default()
+            };
+            write_status(run, status, ctx).await?;
+            if phase == Phase::Running {
+                observe_since_creation(run, &ctx.metrics.start_seconds);
+                ctx.event(
+                    run,
+                    EventType::Normal,
+                    "Running",
+                    format!("pod {pod_name} is running the program"),
+                )
+                .await;
+            }
+            Ok(Action::requeue(RESYNC))
+        }
+        Decision::ReadLog { pod_name, started } => {
+            let pod = pod.expect("ReadLog is decided on an observed pod");
+            let log = if started {
+                read_log(ctx, &pod_name).await?
+            } else {
+                Err(RecordError::Empty)
+            };
+            let status = match log.and_then(|l| record_from_log(&l)) {
+                Ok(record) => finished_status(&record),
+                Err(why) => status_without_record(pod, &why),
+            };
+            finish(run, status, None, ctx).await
+        }
+        Decision::Finish { status, delete_pod } => finish(run, *status, delete_pod, ctx).await,
+        Decision::Retry { reason, next_pod } => {
+            let now = Timestamp::now();
+            let status = ToolRunStatus {
+                phase: Some(Phase::Pending),
+                reason: Some(reason.clone()),
+                conditions: vec![decide::retried_condition(run, &reason, now)],
+                ..ToolRunStatus::default()
+            };
+            write_status(run, status, ctx).await?;
+            info!(run = %name, %reason, %next_pod, "retrying once");
+            ctx.event(
+                run,
+                EventType::Warning,
+                "Retried",
+                format!("{reason}; retrying once as pod {next_pod}"),
+            )
+            .await;
+            Ok(Action::requeue(Duration::ZERO))
+        }
+        Decision::DeletePod { name: pod_name } => {
+            delete_pod(ctx, &pod_name).await?;
+            Ok(Action::requeue(Duration::from_secs(1)))
+        }
+        Decision::DeleteRun => {
+            ctx.event(
+                run,
+                EventType::Normal,
+                "Deleted",
+                "ttlSecondsAfterFinished passed; deleting the ToolRun".into(),
+            )
+            .await;
+            let dp = DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Background),
+                preconditions: run
+                    .metadata
+                    .uid
+                    .clone()
+                    .map(|uid| kube::api::Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                ..DeleteParams::default()
+            };
+            match ctx.runs().delete(&name, &dp).await {
+                Ok(_) => info!(run = %name, "deleted after its TTL"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(kube_err(format!("deleting ToolRun {name}"))(e)),
+            }
+            Ok(Action::await_change())
+        }
+        Decision::Wait(Some(after)) => Ok(Action::requeue(after.min(RESYNC))),
+        Decision::Wait(None) => Ok(Action::requeue(RESYNC)),
+    }
+}
+
+async fn create_pod(
+    run: &ToolRun,
+    config_map: ConfigMap,
+    pod: Pod,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let run_name = run.name_any();
+    let cm_name = config_map.name_any();
+    // The ConfigMap is immutable: apply it only when it is not there yet.
+    match ctx
+        .config_maps()
+        .get_opt(&cm_name)
+        .await
+        .map_err(kube_err(format!("reading ConfigMap {cm_name}")))?
+    {
+        Some(existing) => {
+            let ours = existing
+                .owner_references()
+                .iter()
+                .any(|o| o.controller == Some(true) && Some(&o.uid) == run.metadata.uid.as_ref());
+            if !ours {
+                // Left by an earlier ToolRun of the same name: the garbage collector
+                // removes it. Never adopt it.
+                info!(run = %run_name, configmap = %cm_name, "waiting for a ConfigMap this run does not own to go");
+                return Ok(Action::requeue(decide::FOREIGN_POD_RECHECK));
+            }
+        }
+        None => {
+            ctx.config_maps()
+                .patch(
+                    &cm_name,
+                    &PatchParams::apply(FIELD_MANAGER),
+                    &Patch::Apply(&config_map),
+                )
+                .await
+                .map_err(kube_err(format!("applying ConfigMap {cm_name}")))?;
+        }
+    }
+    let pod_name = pod.name_any();
+    let pp = PostParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PostParams::default()
+    };
+    match ctx.pods().create(&pp, &pod).await {
+        Ok(_) => {
+            info!(run = %run_name, pod = %pod_name, "created pod");
+            ctx.event(
+                run,
+                EventType::Normal,
+                "Created",
+                format!("created pod {pod_name}"),
+            )
+            .await;
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            debug!(run = %run_name, pod = %pod_name, "pod already exists");
+        }
+        Err(e) => return Err(kube_err(format!("creating pod {pod_name}"))(e)),
+    }
+    let status = ToolRunStatus {
+        phase: Some(Phase::Pending),
+        pod_name: Some(pod_name),
+        ..ToolRunStatus::default()
+    };
+    write_status(run, status, ctx).await?;
+    Ok(Action::requeue(RESYNC))
+}
+
+async fn finish(
+    run: &ToolRun,
+    status: ToolRunStatus,
+    delete: Option<String>,
+    ctx: &Context,
+) -> Result<Action, Error> {
+    let verdict = status.verdict.unwrap_or(Verdict::InfraError);
+    let reason = status.reason.clone().unwrap_or_default();
+    let written = write_status(run, status, ctx).await?;
+    ctx.metrics
+        .runs
+        .get_or_create(&VerdictLabels {
+            verdict: verdict.as_str().into(),
+        })
+        .inc();
+    observe_since_creation(run, &ctx.metrics.completion_seconds);
+    info!(run = %run.name_any(), verdict = verdict.as_str(), %reason, "result recorded");
+    let (type_, event_reason, note) = match verdict {
+        Verdict::Cancelled => (EventType::Normal, "Cancelled", reason),
+        Verdict::InfraError => (EventType::Warning, "InfraError", reason),
+        v => (
+            EventType::Normal,
+            "Finished",
+            match written.exit_code {
+                Some(code) => format!("verdict {}, exit code {code}", v.as_str()),
+                None => format!("verdict {}", v.as_str()),
+            },
+        ),
+    };
+    ctx.event(run, type_, event_reason, note).await;
+    if let Some(pod_name) = delete {
+        delete_pod(ctx, &pod_name).await?;
+    }
+    // The TTL check comes with the next look.
+    Ok(Action::requeue(Duration::ZERO))
+}
+
+/// Applies the complete status (see [`decide::compose_status`]); fails with a conflict
+/// when the ToolRun changed since it was read.
+async fn write_status(
+    run: &ToolRun,
+    status: ToolRunStatus,
+    ctx: &Context,
+) -> Result<ToolRunStatus, Error> {
+    let name = run.name_any();
+    let status = decide::compose_status(run, status, Timestamp::now());
+    let patch = serde_json::json!({
+        "apiVersion": ToolRun::api_version(&()),
+        "kind": ToolRun::kind(&()),
+        "metadata": {
+            "name": name,
+            "resourceVersion": run.metadata.resource_version,
+        },
+        "status": status,
+    });
+    ctx.runs()
+        .patch_status(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(kube_err(format!("writing the status of ToolRun {name}")))?;
+    Ok(status)
+}
+
+async fn read_log(ctx: &Context, pod_name: &str) -> Result<Result<String, RecordError>, Error> {
+    let lp = LogParams {
+        container: Some(RUN_CONTAINER.into()),
+        ..LogParams::default()
+    };
+    match ctx.pods().logs(pod_name, &lp).await {
+        Ok(log) => Ok(Ok(log)),
+        // The kubelet no longer has it (pod gone, container never ran): no record.
+        Err(kube::Error::Api(s)) if (400..500).contains(&s.code) && s.code != 429 => {
+            Ok(Err(RecordError::LogUnavailable(s.message)))
+        }
+        Err(e) => Err(kube_err(format!("reading the log of pod {pod_name}"))(e)),
+    }
+}
+
+async fn delete_pod(ctx: &Context, pod_name: &str) -> Result<(), Error> {
+    match ctx
+        .pods()
+        .delete(
+            pod_name,
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            },
+        )
+        .await
+    {
+        Ok(_) => {
+            info!(pod = %pod_name, "deleted pod");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(kube_err(format!("deleting pod {pod_name}"))(e)),
+    }
+}
+
+fn observe_since_creation(
+    run: &ToolRun,
+    histogram: &prometheus_client::metrics::histogram::Histogram,
+) {
+    if let Some(created) = &run.metadata.creation_timestamp {
+        let ms = Timestamp::now().as_millisecond() - created.0.as_millisecond();
+        histogram.observe(ms.max(0) as f64 / 1000.0);
+    }
+}
+
+/// Applies the deny-all NetworkPolicy of sandbox pods in `namespace` (the chart ships
+/// the same one, under the same name).
+pub async fn ensure_network_policy(client: &Client, namespace: &str) -> Result<(), Error> {
+    let np = builders::network_policy(namespace);
+    let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), namespace);
+    api.patch(
+        builders::NETWORK_POLICY_NAME,
+        &PatchParams::apply(FIELD_MANAGER),
+        &Patch::Apply(&np),
+    )
+    .await
+    .map_err(kube_err(format!(
+        "applying NetworkPolicy {}/{}",
+        namespace,
+        builders::NETWORK_POLICY_NAME
+    )))?;
+    Ok(())
+}

@@ -1,0 +1,522 @@
+//! What to do about a ToolRun, decided from what is observed: the pure half of the
+//! reconciler.
+//!
+//! [`decide`] looks at the ToolRun (read fresh from the API server), the pod of its
+//! current attempt (read fresh too, `None` when there is none) and the clock, and returns
+//! one [`Decision`]; the controller carries it out and looks again. Nothing here does IO,
+//! so every branch is unit tested.
+//!
+//! ## Attempts, retries and restarts
+//! The pod of a run is named after the ToolRun (`<name>`), so a restarted operator finds
+//! it by name and creating it again answers AlreadyExists: one pod per attempt, however
+//! often the operator dies. `status.podName` is written only after the pod was created;
+//! a pod that is missing while `status.podName` names it was therefore lost (deleted,
+//! evicted, its node gone).
+//!
+//! A pod lost before its program started (still pending, or failed with an eviction-like
+//! reason before the run container ran) is retried **once**, as `<name>-retry`. The retry
+//! is recorded in the status, as a `Retried` condition, *before* the second pod is
+//! created: a restarted operator reads the condition, looks for `<name>-retry` and never
+//! makes a third pod. A pod lost after its program started is not retried (the program
+//! may have had effects; it is not ours to run twice): INFRA_ERROR.
+//!
+//! ## Finished runs
+//! A finished status is never rewritten (the status write carries the resourceVersion
+//! it was decided from, so a concurrent change makes it fail and the run is looked at
+//! again). The pod of a finished run is kept, so its log stays readable, unless it is
+//! still running (cancelled, or failed while pending): then it is deleted. When the TTL
+//! since `completionTime` has passed, the ToolRun is deleted; its pod and ConfigMap go
+//! with it through their owner references.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use toolrun_crd::{Phase, ToolRun, ToolRunStatus, Verdict};
+
+use crate::builders::{self, RUN_CONTAINER};
+use crate::config::OperatorConfig;
+
+/// Condition type: the result is recorded (`True`) or not yet (`False`).
+pub const READY: &str = "Ready";
+/// Condition type: the first pod was lost before the program started and a second one
+/// was made. Its presence is what stops a restarted operator from retrying twice.
+pub const RETRIED: &str = "Retried";
+/// Suffix of the retry pod's name.
+pub const RETRY_SUFFIX: &str = "-retry";
+/// How long to wait for a pod of the same name left by an earlier ToolRun of the same
+/// name (the garbage collector removes it) before looking again.
+pub const FOREIGN_POD_RECHECK: Duration = Duration::from_secs(2);
+/// Pod status reasons that mean the node or the kubelet gave up on the pod, not the
+/// program: such a pod whose program never started is retried.
+const LOST_REASONS: &[&str] = &[
+    "Evicted",
+    "Preempting",
+    "NodeLost",
+    "NodeShutdown",
+    "Shutdown",
+    "Terminated",
+    "UnexpectedAdmissionError",
+];
+/// Waiting reasons of a container whose image cannot be had.
+const IMAGE_REASONS: &[&str] = &["ErrImagePull", "ImagePullBackOff", "InvalidImageName"];
+/// Waiting reasons of a container that cannot be created as specified.
+const CONFIG_REASONS: &[&str] = &["CreateContainerConfigError", "CreateContainerError"];
+
+/// One step of the reconciler.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// Ensure the ConfigMap, create the pod (AlreadyExists is success), then record
+    /// Pending with `status.podName`.
+    CreatePod {
+        /// The run's ConfigMap.
+        config_map: Box<ConfigMap>,
+        /// The pod of this attempt.
+        pod: Box<Pod>,
+    },
+    /// Record progress (Pending or Running) without a result.
+    Progress {
+        /// Pending or Running.
+        phase: Phase,
+        /// The current pod.
+        pod_name: String,
+        /// When the run container started (Running only).
+        start_time: Option<Time>,
+    },
+    /// The pod finished: read the run container's log (when it ever ran) and record
+    /// the runner's result.
+    ReadLog {
+        /// The finished pod.
+        pod_name: String,
+        /// The run container ran; otherwise there is no log to read.
+        started: bool,
+    },
+    /// Record a result that needs nothing more (cancelled, infrastructure error), then
+    /// delete the pod when it is named.
+    Finish {
+        /// The result (phase, verdict, reason; times and conditions are added).
+        status: Box<ToolRunStatus>,
+        /// Pod to delete after recording.
+        delete_pod: Option<String>,
+    },
+    /// Record the retry (the `Retried` condition), then create the second pod.
+    Retry {
+        /// Why the first pod is gone.
+        reason: String,
+        /// Name of the second pod.
+        next_pod: String,
+    },
+    /// Delete a pod that still runs although its run is finished.
+    DeletePod {
+        /// The pod.
+        name: String,
+    },
+    /// The TTL has passed: delete the ToolRun (children go with it).
+    DeleteRun,
+    /// Nothing to do now: look again after this long, or when something changes.
+    Wait(Option<Duration>),
+}
+
+/// Name of the pod of `attempt` (0 or 1) of the run `run_name`.
+pub fn pod_name(run_name: &str, attempt: u32) -> String {
+    if attempt == 0 {
+        run_name.to_string()
+    } else {
+        format!("{run_name}{RETRY_SUFFIX}")
+    }
+}
+
+/// The attempt the status says is current: 1 after a retry, else 0.
+pub fn attempt(status: Option<&ToolRunStatus>) -> u32 {
+    let retried = status.is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == RETRIED && c.status == "True")
+    });
+    u32::from(retried)
+}
+
+/// The name of the pod the run's current attempt uses.
+pub fn current_pod_name(run: &ToolRun) -> String {
+    pod_name(&run.name_any(), attempt(run.status.as_ref()))
+}
+
+/// What to do next about `run`, whose current pod is `pod`, at `now`.
+pub fn decide(
+    run: &ToolRun,
+    pod: Option<&Pod>,
+    now: Timestamp,
+    config: &OperatorConfig,
+    pending_grace: Duration,
+) -> Decision {
+    let empty = ToolRunStatus::default();
+    let status = run.status.as_ref().unwrap_or(&empty);
+    let name = run.name_any();
+    let attempt = attempt(Some(status));
+    let pod_name = pod_name(&name, attempt);
+
+    if status.phase.is_some_and(Phase::is_finished) {
+        return decide_finished(run, status, pod, now, config);
+    }
+    if let Some(p) = pod
+        && !is_owned_by(p, run)
+    {
+        // An earlier ToolRun of the same name left it and the garbage collector will
+        // remove it; anything else is not ours to touch.
+        let left_by_a_toolrun = p.owner_references().iter().any(|o| {
+            o.kind == "ToolRun" && o.api_version.starts_with("toolrun.dev/") && o.name == name
+        });
+        if left_by_a_toolrun || p.metadata.deletion_timestamp.is_some() {
+            return Decision::Wait(Some(FOREIGN_POD_RECHECK));
+        }
+        return finish(
+            infra(format!(
+                "a pod named {pod_name} already exists and does not belong to this ToolRun"
+            )),
+            None,
+        );
+    }
+    let terminal = pod.is_some_and(is_terminal);
+    if run.spec.cancel && !terminal {
+        let cancelled = ToolRunStatus {
+            phase: Some(Phase::Failed),
+            verdict: Some(Verdict::Cancelled),
+            reason: Some("cancelled (spec.cancel)".into()),
+            ..ToolRunStatus::default()
+        };
+        let delete = pod
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|_| pod_name.clone());
+        return finish(cancelled, delete);
+    }
+    let Some(pod) = pod else {
+        if status.pod_name.as_deref() == Some(pod_name.as_str()) {
+            let started = status.phase == Some(Phase::Running);
+            return lost(&name, &pod_name, attempt, started, "disappeared");
+        }
+        return match (
+            builders::config_map(run, config),
+            builders::pod(run, config),
+        ) {
+            (Ok(config_map), Ok(mut pod)) => {
+                pod.metadata.name = Some(pod_name);
+                Decision::CreatePod {
+                    config_map: Box::new(config_map),
+                    pod: Box::new(pod),
+                }
+            }
+            (Err(e), _) | (_, Err(e)) => finish(infra(format!("invalid ToolRun: {e}")), None),
+        };
+    };
+    let started = run_container_started(pod);
+    if terminal {
+        let reason = pod.status.as_ref().and_then(|s| s.reason.as_deref());
+        if !started && reason.is_some_and(|r| LOST_REASONS.contains(&r) || r.starts_with("OutOf")) {
+            let why = format!("failed ({})", reason.unwrap_or_default());
+            return lost(&name, &pod_name, attempt, false, &why);
+        }
+        return Decision::ReadLog { pod_name, started };
+    }
+    if pod.metadata.deletion_timestamp.is_some() {
+        return lost(&name, &pod_name, attempt, started, "was deleted");
+    }
+    if started {
+        if status.phase != Some(Phase::Running) || status.pod_name.as_deref() != Some(&pod_name) {
+            return Decision::Progress {
+                phase: Phase::Running,
+                pod_name,
+                start_time: Some(run_container_start(pod).unwrap_or(Time(now))),
+            };
+        }
+        return Decision::Wait(None);
+    }
+    if let Some(problem) = pending_problem(pod) {
+        let age = elapsed(pod.metadata.creation_timestamp.as_ref(), now);
+        return if age >= pending_grace {
+            finish(infra(problem), Some(pod_name))
+        } else {
+            Decision::Wait(Some(pending_grace - age))
+        };
+    }
+    if status.phase != Some(Phase::Pending) || status.pod_name.as_deref() != Some(&pod_name) {
+        return Decision::Progress {
+            phase: Phase::Pending,
+            pod_name,
+            start_time: None,
+        };
+    }
+    Decision::Wait(None)
+}
+
+fn decide_finished(
+    run: &ToolRun,
+    status: &ToolRunStatus,
+    pod: Option<&Pod>,
+    now: Timestamp,
+    config: &OperatorConfig,
+) -> Decision {
+    if let Some(p) = pod
+        && is_owned_by(p, run)
+        && !is_terminal(p)
+        && p.metadata.deletion_timestamp.is_none()
+    {
+        return Decision::DeletePod { name: p.name_any() };
+    }
+    let ttl = Duration::from_secs(builders::ttl_seconds_after_finished(run, config).into());
+    let finished_at = status
+        .completion_time
+        .as_ref()
+        .or(run.metadata.creation_timestamp.as_ref());
+    let age = elapsed(finished_at, now);
+    if age >= ttl {
+        Decision::DeleteRun
+    } else {
+        Decision::Wait(Some(ttl - age))
+    }
+}
+
+/// The pod of the current attempt is gone (or going) without a result.
+fn lost(run_name: &str, pod_name: &str, attempt: u32, started: bool, how: &str) -> Decision {
+    if started {
+        return finish(
+            infra(format!(
+                "pod {pod_name} {how} while the program ran (not retried: the program had started)"
+            )),
+            None,
+        );
+    }
+    if attempt == 0 {
+        return Decision::Retry {
+            reason: format!("pod {pod_name} {how} before the program started"),
+            next_pod: self::pod_name(run_name, 1),
+        };
+    }
+    finish(
+        infra(format!(
+            "pod {pod_name} {how} before the program started, after one retry"
+        )),
+        None,
+    )
+}
+
+fn finish(status: ToolRunStatus, delete_pod: Option<String>) -> Decision {
+    Decision::Finish {
+        status: Box::new(status),
+        delete_pod,
+    }
+}
+
+/// An INFRA_ERROR result with `reason`.
+pub fn infra(reason: String) -> ToolRunStatus {
+    ToolRunStatus {
+        phase: Some(Phase::Failed),
+        verdict: Some(Verdict::InfraError),
+        reason: Some(reason),
+        ..ToolRunStatus::default()
+    }
+}
+
+/// The pod's controller owner reference is this ToolRun (same uid).
+pub fn is_owned_by(pod: &Pod, run: &ToolRun) -> bool {
+    let uid = run.metadata.uid.as_deref();
+    uid.is_some()
+        && pod
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
+}
+
+/// The pod's phase is Succeeded or Failed.
+pub fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn run_container(pod: &Pod) -> Option<&ContainerStatus> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == RUN_CONTAINER)
+}
+
+/// The run container has run (is running or has terminated): the program started.
+pub fn run_container_started(pod: &Pod) -> bool {
+    run_container(pod).is_some_and(|c| {
+        let now = c
+            .state
+            .as_ref()
+            .is_some_and(|s| s.running.is_some() || s.terminated.is_some());
+        let before = c
+            .last_state
+            .as_ref()
+            .is_some_and(|s| s.terminated.is_some());
+        now || before
+    })
+}
+
+fn run_container_start(pod: &Pod) -> Option<Time> {
+    let state = run_container(pod)?.state.as_ref()?;
+    state
+        .running
+        .as_ref()
+        .and_then(|r| r.started_at.clone())
+        .or_else(|| state.terminated.as_ref().and_then(|t| t.started_at.clone()))
+}
+
+/// Why a pending pod will not start by itself (image, container config, no node).
+pub fn pending_problem(pod: &Pod) -> Option<String> {
+    let status = pod.status.as_ref()?;
+    let unschedulable = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    });
+    if let Some(c) = unschedulable {
+        return Some(format!(
+            "unschedulable: {}",
+            c.message.as_deref().unwrap_or("no node fits the pod")
+        ));
+    }
+    let spec = pod.spec.as_ref();
+    let image_of = |name: &str| {
+        spec.into_iter()
+            .flat_map(|s| {
+                s.init_containers
+                    .iter()
+                    .flatten()
+                    .chain(s.containers.iter())
+            })
+            .find(|c| c.name == name)
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default()
+    };
+    let containers = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten());
+    for c in containers {
+        let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
+            continue;
+        };
+        let reason = w.reason.as_deref().unwrap_or("");
+        let message = w.message.as_deref().unwrap_or("");
+        if IMAGE_REASONS.contains(&reason) {
+            let image = if c.image.is_empty() {
+                image_of(&c.name)
+            } else {
+                c.image.clone()
+            };
+            return Some(format!(
+                "image not found: {image} (container {}, {reason}: {message})",
+                c.name
+            ));
+        }
+        if CONFIG_REASONS.contains(&reason) {
+            return Some(format!(
+                "container {} cannot be created ({reason}: {message})",
+                c.name
+            ));
+        }
+    }
+    None
+}
+
+fn elapsed(since: Option<&Time>, now: Timestamp) -> Duration {
+    let Some(t) = since else {
+        return Duration::ZERO;
+    };
+    let ms = now.as_millisecond() - t.0.as_millisecond();
+    Duration::from_millis(ms.max(0).unsigned_abs())
+}
+
+/// The complete status to write: `new` (phase, verdict, result) with the times, pod name,
+/// observedGeneration and conditions filled in from `run`'s current status and `now`.
+pub fn compose_status(run: &ToolRun, mut new: ToolRunStatus, now: Timestamp) -> ToolRunStatus {
+    let empty = ToolRunStatus::default();
+    let old = run.status.as_ref().unwrap_or(&empty);
+    let finished = new.phase.is_some_and(Phase::is_finished);
+    if finished {
+        if new.pod_name.is_none() {
+            new.pod_name = old.pod_name.clone();
+        }
+        if new.start_time.is_none() {
+            new.start_time = old.start_time.clone();
+        }
+        new.completion_time = Some(Time(now));
+    } else if new.phase == Some(Phase::Running) && new.start_time.is_none() {
+        new.start_time = old.start_time.clone();
+    }
+    new.observed_generation = run.metadata.generation;
+
+    let (ready_status, ready_reason, ready_message) = match (new.phase, new.verdict) {
+        (Some(p), Some(v)) if p.is_finished() => (
+            "True",
+            camel(v.as_str()),
+            new.reason
+                .clone()
+                .unwrap_or_else(|| format!("verdict {}", v.as_str())),
+        ),
+        (Some(Phase::Running), _) => ("False", "Running".into(), "the program is running".into()),
+        _ => (
+            "False",
+            "Pending".into(),
+            "waiting for the pod to run".into(),
+        ),
+    };
+    let old_ready = old.conditions.iter().find(|c| c.type_ == READY);
+    let transition = match old_ready {
+        Some(c) if c.status == ready_status => c.last_transition_time.clone(),
+        _ => Time(now),
+    };
+    let ready = Condition {
+        type_: READY.into(),
+        status: ready_status.into(),
+        reason: ready_reason,
+        message: ready_message,
+        observed_generation: run.metadata.generation,
+        last_transition_time: transition,
+    };
+    let retried = new
+        .conditions
+        .iter()
+        .find(|c| c.type_ == RETRIED)
+        .or_else(|| old.conditions.iter().find(|c| c.type_ == RETRIED))
+        .cloned();
+    new.conditions = std::iter::once(ready).chain(retried).collect();
+    new
+}
+
+/// The `Retried` condition recorded before the second pod is made.
+pub fn retried_condition(run: &ToolRun, reason: &str, now: Timestamp) -> Condition {
+    Condition {
+        type_: RETRIED.into(),
+        status: "True".into(),
+        reason: "PodLost".into(),
+        message: reason.to_string(),
+        observed_generation: run.metadata.generation,
+        last_transition_time: Time(now),
+    }
+}
+
+/// `RUNTIME_ERROR` -> `RuntimeError` (condition reasons are CamelCase).
+fn camel(screaming: &str) -> String {
+    screaming
+        .split('_')
+        .map(|w| {
+            let mut cs = w.chars();
+            cs.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + &cs.as_str().to_ascii_lowercase())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,459 @@
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting,
+    ContainerStatus, PodCondition, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use toolrun_crd::{Language, ToolRunSpec};
+
+use super::*;
+
+const NS: &str = "toolrun-sandbox";
+const UID: &str = "uid-1";
+const GRACE: Duration = Duration::from_secs(30);
+
+fn ts(secs: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + secs).unwrap()
+}
+
+fn run() -> ToolRun {
+    let mut run = ToolRun::new(
+        "tr-1",
+        ToolRunSpec {
+            tool: "run_code".into(),
+            call_id: "call-1".into(),
+            language: Language::Python,
+            code: "print(1)".into(),
+            args: vec![],
+            env: vec![],
+            stdin: String::new(),
+            limits: Default::default(),
+            ttl_seconds_after_finished: Some(60),
+            runtime_class_name: None,
+            cancel: false,
+        },
+    );
+    run.metadata.namespace = Some(NS.into());
+    run.metadata.uid = Some(UID.into());
+    run.metadata.generation = Some(1);
+    run.metadata.resource_version = Some("10".into());
+    run.metadata.creation_timestamp = Some(Time(ts(0)));
+    run
+}
+
+fn with_status(mut run: ToolRun, status: ToolRunStatus) -> ToolRun {
+    run.status = Some(status);
+    run
+}
+
+fn status(phase: Phase, pod: &str) -> ToolRunStatus {
+    ToolRunStatus {
+        phase: Some(phase),
+        pod_name: Some(pod.into()),
+        ..ToolRunStatus::default()
+    }
+}
+
+fn owner(uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "toolrun.dev/v1alpha1".into(),
+        kind: "ToolRun".into(),
+        name: "tr-1".into(),
+        uid: uid.into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+fn pod(name: &str, phase: &str, run_state: Option<ContainerState>) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            owner_references: Some(vec![owner(UID)]),
+            creation_timestamp: Some(Time(ts(1))),
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: Some(PodStatus {
+            phase: Some(phase.into()),
+            container_statuses: run_state.map(|s| {
+                vec![ContainerStatus {
+                    name: RUN_CONTAINER.into(),
+                    image: "toolrun/sandbox:0.1.0".into(),
+                    state: Some(s),
+                    ..ContainerStatus::default()
+                }]
+            }),
+            ..PodStatus::default()
+        }),
+    }
+}
+
+fn running() -> ContainerState {
+    ContainerState {
+        running: Some(ContainerStateRunning {
+            started_at: Some(Time(ts(2))),
+        }),
+        ..ContainerState::default()
+    }
+}
+
+fn exited(code: i32) -> ContainerState {
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: code,
+            ..ContainerStateTerminated::default()
+        }),
+        ..ContainerState::default()
+    }
+}
+
+fn waiting(reason: &str) -> ContainerState {
+    ContainerState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.into()),
+            message: Some("details".into()),
+        }),
+        ..ContainerState::default()
+    }
+}
+
+fn decide_at(run: &ToolRun, pod: Option<&Pod>, secs: i64) -> Decision {
+    decide(run, pod, ts(secs), &OperatorConfig::default(), GRACE)
+}
+
+fn finished_reason(d: &Decision) -> (Verdict, String, Option<String>) {
+    match d {
+        Decision::Finish { status, delete_pod } => (
+            status.verdict.unwrap(),
+            status.reason.clone().unwrap_or_default(),
+            delete_pod.clone(),
+        ),
+        other => panic!("expected Finish, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_new_run_gets_its_pod_named_after_it() {
+    let d = decide_at(&run(), None, 1);
+    let Decision::CreatePod { config_map, pod } = d else {
+        panic!("{d:?}")
+    };
+    assert_eq!(pod.metadata.name.as_deref(), Some("tr-1"));
+    assert_eq!(config_map.metadata.name.as_deref(), Some("tr-1"));
+    let owners = pod.metadata.owner_references.as_ref().unwrap();
+    assert_eq!(owners[0].uid, UID);
+    assert_eq!(owners[0].controller, Some(true));
+    assert_eq!(owners[0].block_owner_deletion, Some(true));
+    // Still no pod but the status already names one we did not see yet (the operator
+    // died between create and status): create again (AlreadyExists is success).
+    let d = decide_at(&with_status(run(), ToolRunStatus::default()), None, 1);
+    assert!(matches!(d, Decision::CreatePod { .. }), "{d:?}");
+}
+
+#[test]
+fn a_run_the_builders_refuse_is_an_infra_error_not_a_crash() {
+    let mut r = run();
+    r.spec.limits.memory_mib = Some(1_000_000);
+    let (v, reason, delete) = finished_reason(&decide_at(&r, None, 1));
+    assert_eq!(v, Verdict::InfraError);
+    assert!(
+        reason.starts_with("invalid ToolRun: limits.memoryMiB"),
+        "{reason}"
+    );
+    assert_eq!(delete, None);
+    let mut r = run();
+    r.spec.runtime_class_name = Some("runc".into());
+    let (v, reason, _) = finished_reason(&decide_at(&r, None, 1));
+    assert_eq!(v, Verdict::InfraError);
+    assert!(reason.contains("runtimeClassName"), "{reason}");
+}
+
+#[test]
+fn pending_then_running_then_the_log() {
+    let p = pod("tr-1", "Pending", Some(waiting("ContainerCreating")));
+    let d = decide_at(&run(), Some(&p), 2);
+    assert_eq!(
+        d,
+        Decision::Progress {
+            phase: Phase::Pending,
+            pod_name: "tr-1".into(),
+            start_time: None
+        }
+    );
+    let pending = with_status(run(), status(Phase::Pending, "tr-1"));
+    assert_eq!(decide_at(&pending, Some(&p), 2), Decision::Wait(None));
+
+    let p = pod("tr-1", "Running", Some(running()));
+    assert_eq!(
+        decide_at(&pending, Some(&p), 3),
+        Decision::Progress {
+            phase: Phase::Running,
+            pod_name: "tr-1".into(),
+            start_time: Some(Time(ts(2)))
+        }
+    );
+    let running_run = with_status(run(), status(Phase::Running, "tr-1"));
+    assert_eq!(decide_at(&running_run, Some(&p), 3), Decision::Wait(None));
+
+    for phase in ["Succeeded", "Failed"] {
+        let p = pod("tr-1", phase, Some(exited(0)));
+        assert_eq!(
+            decide_at(&running_run, Some(&p), 4),
+            Decision::ReadLog {
+                pod_name: "tr-1".into(),
+                started: true
+            }
+        );
+    }
+    // Failed before the run container ran (e.g. the init container failed): no log.
+    let p = pod("tr-1", "Failed", Some(waiting("PodInitializing")));
+    assert_eq!(
+        decide_at(&pending, Some(&p), 4),
+        Decision::ReadLog {
+            pod_name: "tr-1".into(),
+            started: false
+        }
+    );
+}
+
+#[test]
+fn stuck_pending_pods_fail_after_the_grace() {
+    for (reason, expected) in [
+        ("ErrImagePull", "image not found: toolrun/sandbox:0.1.0"),
+        ("ImagePullBackOff", "image not found: toolrun/sandbox:0.1.0"),
+        ("InvalidImageName", "image not found: toolrun/sandbox:0.1.0"),
+        (
+            "CreateContainerConfigError",
+            "container run cannot be created",
+        ),
+    ] {
+        let p = pod("tr-1", "Pending", Some(waiting(reason)));
+        let r = with_status(run(), status(Phase::Pending, "tr-1"));
+        // Pod created at 1 s: within the grace, look again when it ends.
+        assert_eq!(
+            decide_at(&r, Some(&p), 11),
+            Decision::Wait(Some(Duration::from_secs(20)))
+        );
+        let (v, why, delete) = finished_reason(&decide_at(&r, Some(&p), 31));
+        assert_eq!(v, Verdict::InfraError);
+        assert!(why.starts_with(expected), "{why}");
+        assert_eq!(delete.as_deref(), Some("tr-1"), "the stuck pod is deleted");
+    }
+    // The init container's image counts too.
+    let mut p = pod("tr-1", "Pending", None);
+    p.status.as_mut().unwrap().init_container_statuses = Some(vec![ContainerStatus {
+        name: "install-runner".into(),
+        image: "toolrun/runner:nope".into(),
+        state: Some(waiting("ErrImagePull")),
+        ..ContainerStatus::default()
+    }]);
+    let (_, why, _) = finished_reason(&decide_at(&run(), Some(&p), 40));
+    assert!(
+        why.starts_with("image not found: toolrun/runner:nope"),
+        "{why}"
+    );
+    // No node fits.
+    let mut p = pod("tr-1", "Pending", None);
+    p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+        type_: "PodScheduled".into(),
+        status: "False".into(),
+        reason: Some("Unschedulable".into()),
+        message: Some("0/1 nodes are available".into()),
+        ..PodCondition::default()
+    }]);
+    assert!(matches!(
+        decide_at(&run(), Some(&p), 5),
+        Decision::Wait(Some(_))
+    ));
+    let (v, why, _) = finished_reason(&decide_at(&run(), Some(&p), 40));
+    assert_eq!(v, Verdict::InfraError);
+    assert_eq!(why, "unschedulable: 0/1 nodes are available");
+}
+
+#[test]
+fn cancel_stops_a_run_that_has_not_finished() {
+    let mut r = with_status(run(), status(Phase::Running, "tr-1"));
+    r.spec.cancel = true;
+    let p = pod("tr-1", "Running", Some(running()));
+    let (v, _, delete) = finished_reason(&decide_at(&r, Some(&p), 3));
+    assert_eq!(v, Verdict::Cancelled);
+    assert_eq!(delete.as_deref(), Some("tr-1"));
+    // No pod yet: cancelled without one.
+    let mut fresh = run();
+    fresh.spec.cancel = true;
+    let (v, _, delete) = finished_reason(&decide_at(&fresh, None, 1));
+    assert_eq!(v, Verdict::Cancelled);
+    assert_eq!(delete, None);
+    // The program already finished: its result wins.
+    let done = pod("tr-1", "Succeeded", Some(exited(0)));
+    assert!(matches!(
+        decide_at(&r, Some(&done), 3),
+        Decision::ReadLog { .. }
+    ));
+}
+
+#[test]
+fn finished_runs_are_never_rewritten_and_go_after_their_ttl() {
+    let mut st = status(Phase::Succeeded, "tr-1");
+    st.verdict = Some(Verdict::Ok);
+    st.completion_time = Some(Time(ts(10)));
+    let mut r = with_status(run(), st);
+    r.spec.cancel = true; // a late cancel changes nothing
+    let p = pod("tr-1", "Succeeded", Some(exited(0)));
+    assert_eq!(
+        decide_at(&r, Some(&p), 20),
+        Decision::Wait(Some(Duration::from_secs(50)))
+    );
+    assert_eq!(
+        decide_at(&r, None, 20),
+        Decision::Wait(Some(Duration::from_secs(50)))
+    );
+    assert_eq!(decide_at(&r, Some(&p), 70), Decision::DeleteRun);
+    // A finished run whose pod still runs (cancelled; failed while pending): delete it.
+    let live = pod("tr-1", "Running", Some(running()));
+    assert_eq!(
+        decide_at(&r, Some(&live), 20),
+        Decision::DeletePod {
+            name: "tr-1".into()
+        }
+    );
+    // The default TTL applies when the spec has none.
+    r.spec.ttl_seconds_after_finished = None;
+    assert_eq!(
+        decide_at(&r, Some(&p), 20),
+        Decision::Wait(Some(Duration::from_secs(3_600 - 10)))
+    );
+    // TTL 0: at once.
+    r.spec.ttl_seconds_after_finished = Some(0);
+    assert_eq!(decide_at(&r, Some(&p), 10), Decision::DeleteRun);
+}
+
+#[test]
+fn a_pod_lost_before_the_program_started_is_retried_once() {
+    // Seen (status names it), pending, now gone.
+    let r = with_status(run(), status(Phase::Pending, "tr-1"));
+    assert_eq!(
+        decide_at(&r, None, 5),
+        Decision::Retry {
+            reason: "pod tr-1 disappeared before the program started".into(),
+            next_pod: "tr-1-retry".into()
+        }
+    );
+    // Deleted while pending.
+    let mut p = pod("tr-1", "Pending", None);
+    p.metadata.deletion_timestamp = Some(Time(ts(4)));
+    assert!(matches!(decide_at(&r, Some(&p), 5), Decision::Retry { .. }));
+    // Evicted before it started.
+    let mut p = pod("tr-1", "Failed", None);
+    p.status.as_mut().unwrap().reason = Some("Evicted".into());
+    assert!(matches!(decide_at(&r, Some(&p), 5), Decision::Retry { .. }));
+
+    // After the retry the condition makes the second pod current...
+    let mut retried = status(Phase::Pending, "tr-1");
+    retried.pod_name = None;
+    retried.conditions = vec![retried_condition(&run(), "lost", ts(5))];
+    let r = with_status(run(), retried);
+    assert_eq!(attempt(r.status.as_ref()), 1);
+    assert_eq!(current_pod_name(&r), "tr-1-retry");
+    let Decision::CreatePod { pod, .. } = decide_at(&r, None, 6) else {
+        panic!()
+    };
+    assert_eq!(pod.metadata.name.as_deref(), Some("tr-1-retry"));
+    // ...and losing it too is final.
+    let mut again = r.status.clone().unwrap();
+    again.pod_name = Some("tr-1-retry".into());
+    let r = with_status(run(), again);
+    let (v, why, _) = finished_reason(&decide_at(&r, None, 9));
+    assert_eq!(v, Verdict::InfraError);
+    assert!(why.contains("after one retry"), "{why}");
+}
+
+#[test]
+fn a_pod_lost_after_the_program_started_is_an_infra_error() {
+    let r = with_status(run(), status(Phase::Running, "tr-1"));
+    let (v, why, _) = finished_reason(&decide_at(&r, None, 5));
+    assert_eq!(v, Verdict::InfraError);
+    assert_eq!(
+        why,
+        "pod tr-1 disappeared while the program ran (not retried: the program had started)"
+    );
+    let mut p = pod("tr-1", "Running", Some(running()));
+    p.metadata.deletion_timestamp = Some(Time(ts(4)));
+    let (v, why, _) = finished_reason(&decide_at(&r, Some(&p), 5));
+    assert_eq!(v, Verdict::InfraError);
+    assert!(
+        why.starts_with("pod tr-1 was deleted while the program ran"),
+        "{why}"
+    );
+}
+
+#[test]
+fn pods_of_others_are_never_adopted() {
+    // Left by an earlier ToolRun of the same name: wait for the garbage collector.
+    let mut p = pod("tr-1", "Running", Some(running()));
+    p.metadata.owner_references = Some(vec![owner("old-uid")]);
+    assert_eq!(
+        decide_at(&run(), Some(&p), 1),
+        Decision::Wait(Some(FOREIGN_POD_RECHECK))
+    );
+    // Someone else's pod: refuse.
+    p.metadata.owner_references = None;
+    let (v, why, delete) = finished_reason(&decide_at(&run(), Some(&p), 1));
+    assert_eq!(v, Verdict::InfraError);
+    assert!(why.contains("does not belong to this ToolRun"), "{why}");
+    assert_eq!(delete, None, "not ours to delete");
+}
+
+#[test]
+fn composed_status_has_times_generation_and_conditions() {
+    let mut r = with_status(run(), status(Phase::Running, "tr-1"));
+    r.status.as_mut().unwrap().start_time = Some(Time(ts(2)));
+    r.metadata.generation = Some(3);
+    let result = ToolRunStatus {
+        phase: Some(Phase::Failed),
+        verdict: Some(Verdict::RuntimeError),
+        exit_code: Some(1),
+        ..ToolRunStatus::default()
+    };
+    let s = compose_status(&r, result, ts(5));
+    assert_eq!(s.start_time, Some(Time(ts(2))), "kept");
+    assert_eq!(s.completion_time, Some(Time(ts(5))));
+    assert_eq!(s.pod_name.as_deref(), Some("tr-1"), "kept");
+    assert_eq!(s.observed_generation, Some(3));
+    assert_eq!(s.conditions.len(), 1);
+    let ready = &s.conditions[0];
+    assert_eq!(
+        (
+            ready.type_.as_str(),
+            ready.status.as_str(),
+            ready.reason.as_str()
+        ),
+        ("Ready", "True", "RuntimeError")
+    );
+    assert_eq!(ready.observed_generation, Some(3));
+    assert_eq!(ready.last_transition_time, Time(ts(5)));
+
+    // Progress keeps the Ready=False transition time and carries Retried along.
+    let mut old = status(Phase::Pending, "tr-1-retry");
+    old.conditions = vec![
+        Condition {
+            type_: READY.into(),
+            status: "False".into(),
+            reason: "Pending".into(),
+            message: String::new(),
+            observed_generation: Some(1),
+            last_transition_time: Time(ts(1)),
+        },
+        retried_condition(&run(), "lost", ts(1)),
+    ];
+    let r = with_status(run(), old);
+    let s = compose_status(&r, status(Phase::Running, "tr-1-retry"), ts(9));
+    assert_eq!(s.conditions.len(), 2);
+    assert_eq!(s.conditions[0].last_transition_time, Time(ts(1)));
+    assert_eq!(s.conditions[0].reason, "Running");
+    assert_eq!(s.conditions[1].type_, RETRIED);
+    assert_eq!(s.completion_time, None);
+    assert_eq!(camel("MEMORY_LIMIT"), "MemoryLimit");
+    assert_eq!(camel("OK"), "Ok");
+}

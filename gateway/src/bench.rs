@@ -2,13 +2,19 @@
 //!
 //! Measures `echo` and `calculator` at several concurrencies and `run_code` python
 //! `print(1)` beside bare `python3 -c 'print(1)'`, all in one run, so the ratios are
-//! comparable on a noisy machine. Without `--addr` it starts an in-process gateway on
+//! comparable on a noisy machine; `--sandbox-concurrency 1,8,32` runs the `run_code`
+//! scenario with that many callers each, and `--rss-pid` samples a (remote) gateway's
+//! memory meanwhile. Without `--addr` it starts an in-process gateway on
 //! loopback ephemeral ports and benchmarks it over real gRPC.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use tonic::transport::Channel;
 use toolrun_proto::v1 as pb;
+use toolrun_proto::v1::tool_service_client::ToolServiceClient;
 
 use crate::cli::{CliError, connect};
 use crate::serve::{ServeArgs, start};
@@ -31,6 +37,17 @@ pub struct BenchArgs {
     /// Skip the run_code scenario.
     #[arg(long)]
     pub no_sandbox: bool,
+    /// Skip the inline scenarios (echo, calculator).
+    #[arg(long)]
+    pub no_inline: bool,
+    /// Concurrent callers of the run_code scenario, one scenario per value
+    /// (`--sandbox-runs` runs each).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1usize])]
+    pub sandbox_concurrency: Vec<usize>,
+    /// Process whose resident memory is sampled during each run_code scenario (e.g. a
+    /// remote gateway's pid on this node): prints its RSS before and at the peak.
+    #[arg(long)]
+    pub rss_pid: Option<u32>,
     /// Python interpreter for the bare baseline.
     #[arg(long, default_value = "/usr/bin/python3")]
     pub python: String,
@@ -142,46 +159,107 @@ async fn inline_scenario(
     Ok(report(tool, concurrency, all, failures, start.elapsed()))
 }
 
-async fn sandbox_scenario(addr: &str, runs: usize) -> Result<Report, CliError> {
-    let mut client = connect(addr).await?;
+async fn sandbox_scenario(addr: &str, runs: usize, concurrency: usize) -> Result<Report, CliError> {
+    let concurrency = concurrency.max(1);
+    let client = connect(addr).await?;
     let args = json!({"language": "python", "code": "print(1)"}).to_string();
-    let mut lat = Vec::with_capacity(runs);
-    let mut failures = 0;
-    let start = Instant::now();
-    // Two warm-up runs (page cache, cgroup directories) are not counted.
-    for i in 0..runs + 2 {
-        let t = Instant::now();
-        let r = client
-            .call_tool(pb::CallToolRequest {
-                call_id: String::new(),
-                tool: "run_code".into(),
-                arguments_json: args.clone(),
-                timeout_ms: 0,
-                session_id: String::new(),
-            })
-            .await?;
-        if i < 2 {
-            continue;
-        }
-        lat.push(t.elapsed().as_micros() as u64);
-        let result = r.into_inner().result;
-        let ok = result
-            .as_ref()
-            .is_some_and(|r| r.ok && r.output_json.contains("\"stdout\":\"1\\n\""));
-        if !ok {
-            failures += 1;
-            if failures == 1 {
-                eprintln!("run_code failed: {result:?}");
+    let call = {
+        let args = args.clone();
+        move |mut client: ToolServiceClient<Channel>| {
+            let args = args.clone();
+            async move {
+                let t = Instant::now();
+                let r = client
+                    .call_tool(pb::CallToolRequest {
+                        call_id: String::new(),
+                        tool: "run_code".into(),
+                        arguments_json: args,
+                        timeout_ms: 0,
+                        session_id: String::new(),
+                    })
+                    .await;
+                let us = t.elapsed().as_micros() as u64;
+                let result = r.ok().and_then(|r| r.into_inner().result);
+                let ok = result
+                    .as_ref()
+                    .is_some_and(|r| r.ok && r.output_json.contains("\"stdout\":\"1\\n\""));
+                if !ok {
+                    eprintln!("run_code failed: {result:?}");
+                }
+                (us, ok)
             }
         }
+    };
+    // Two warm-up runs (page cache, cgroup directories, images) are not counted.
+    for _ in 0..2 {
+        call(client.clone()).await;
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        let (client, next, call) = (client.clone(), next.clone(), call.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut failures = 0usize;
+            while next.fetch_add(1, Ordering::Relaxed) < runs {
+                let (us, ok) = call(client.clone()).await;
+                lat.push(us);
+                failures += usize::from(!ok);
+            }
+            (lat, failures)
+        }));
+    }
+    let mut lat = Vec::with_capacity(runs);
+    let mut failures = 0;
+    for t in tasks {
+        let (l, f) = t
+            .await
+            .map_err(|e| CliError::Usage(format!("bench task: {e}")))?;
+        lat.extend(l);
+        failures += f;
     }
     Ok(report(
         "run_code python print(1)",
-        1,
+        concurrency,
         lat,
         failures,
         start.elapsed(),
     ))
+}
+
+/// Resident memory of `pid` in KiB.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Samples the RSS of `pid` every 50 ms until the returned sender is dropped; the task
+/// returns the peak.
+fn sample_rss(
+    pid: u32,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<u64>,
+) {
+    let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let mut peak = 0;
+        loop {
+            peak = peak.max(rss_kib(pid).unwrap_or(0));
+            tokio::select! {
+                _ = &mut rx => return peak,
+                _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+            }
+        }
+    });
+    (tx, task)
 }
 
 fn bare_python(python: &str, runs: usize) -> Report {
@@ -247,7 +325,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             "SCENARIO", "CONC", "CALLS", "FAILS", "CALLS/S", "P50_US", "P99_US"
         );
     }
-    for &c in &args.concurrency {
+    for &c in args.concurrency.iter().filter(|_| !args.no_inline) {
         let r = inline_scenario(&addr, "echo", r#"{"message":"hello"}"#, c, args.seconds).await?;
         print_report(&r, args.json);
         let r = inline_scenario(
@@ -261,9 +339,30 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         print_report(&r, args.json);
     }
     if !args.no_sandbox {
-        let r = sandbox_scenario(&addr, args.sandbox_runs).await?;
-        let sandbox_p50 = r.p50_us;
-        print_report(&r, args.json);
+        let mut sandbox_p50 = 0;
+        for &c in &args.sandbox_concurrency {
+            let before = args.rss_pid.and_then(rss_kib);
+            let sampler = args.rss_pid.map(sample_rss);
+            let r = sandbox_scenario(&addr, args.sandbox_runs, c).await?;
+            if c == 1 || sandbox_p50 == 0 {
+                sandbox_p50 = r.p50_us;
+            }
+            print_report(&r, args.json);
+            if let (Some(pid), Some((stop, task))) = (args.rss_pid, sampler) {
+                drop(stop);
+                let peak = task.await.unwrap_or(0);
+                let line = json!({"rss_pid": pid, "concurrency": c,
+                    "rss_before_kib": before, "rss_peak_kib": peak});
+                if args.json {
+                    println!("{line}");
+                } else {
+                    println!(
+                        "  rss of pid {pid}: {} KiB before, {peak} KiB peak",
+                        before.map_or("?".to_string(), |b| b.to_string())
+                    );
+                }
+            }
+        }
         let b = bare_python(&args.python, args.sandbox_runs);
         print_report(&b, args.json);
         if !args.json {

@@ -48,13 +48,7 @@ impl SharedWatch {
         stop: CancellationToken,
     ) -> Arc<SharedWatch> {
         let (store, writer) = reflector::store();
-        let shared = Arc::new(SharedWatch {
-            namespace: namespace.to_string(),
-            waiters: Mutex::new(HashMap::new()),
-            store,
-            last_error: Mutex::new(None),
-            restarts,
-        });
+        let shared = Arc::new(SharedWatch::new(namespace, store, restarts));
         let config = watcher::Config::default().labels(selector);
         let events = watcher(api, config).default_backoff().reflect(writer);
         let task = shared.clone();
@@ -71,6 +65,16 @@ impl SharedWatch {
             tracing::debug!("kubernetes backend: ToolRun watch stopped");
         });
         shared
+    }
+
+    fn new(namespace: &str, store: Store<ToolRun>, restarts: Counter) -> SharedWatch {
+        SharedWatch {
+            namespace: namespace.to_string(),
+            waiters: Mutex::new(HashMap::new()),
+            store,
+            last_error: Mutex::new(None),
+            restarts,
+        }
     }
 
     fn handle(&self, event: Result<watcher::Event<ToolRun>, watcher::Error>) {
@@ -150,5 +154,100 @@ impl SharedWatch {
                 .clone()
                 .unwrap_or_else(|| format!("no complete list within {limit:?}"))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::ObjectMeta;
+    use toolrun_crd::{Phase, ToolRunSpec, ToolRunStatus};
+
+    use super::*;
+
+    fn run(name: &str, phase: Option<Phase>) -> ToolRun {
+        let mut tr = ToolRun::new(
+            name,
+            ToolRunSpec {
+                tool: "run_code".into(),
+                call_id: "c".into(),
+                language: toolrun_crd::Language::Python,
+                code: "pass".into(),
+                args: Vec::new(),
+                env: Vec::new(),
+                stdin: String::new(),
+                limits: Default::default(),
+                ttl_seconds_after_finished: None,
+                runtime_class_name: None,
+                cancel: false,
+            },
+        );
+        tr.metadata = ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("ns".into()),
+            ..ObjectMeta::default()
+        };
+        tr.status = phase.map(|p| ToolRunStatus {
+            phase: Some(p),
+            ..ToolRunStatus::default()
+        });
+        tr
+    }
+
+    fn phase(seen: &Seen) -> Option<Phase> {
+        match seen {
+            Seen::Object(tr) => tr.status.as_ref().and_then(|s| s.phase),
+            _ => None,
+        }
+    }
+
+    /// Feeds `event` through the reflector's writer, then the demultiplexer, as the
+    /// watch task does.
+    fn feed(
+        w: &SharedWatch,
+        writer: &mut reflector::store::Writer<ToolRun>,
+        event: watcher::Event<ToolRun>,
+    ) {
+        writer.apply_watcher_event(&event);
+        w.handle(Ok(event));
+    }
+
+    #[test]
+    fn changes_reach_only_their_waiter_and_a_relist_delivers_the_current_state() {
+        let (store, mut writer) = reflector::store();
+        let w = SharedWatch::new("ns", store, Counter::default());
+        feed(&w, &mut writer, watcher::Event::Init);
+        feed(&w, &mut writer, watcher::Event::InitDone);
+        let mut a = w.register("run-a");
+        let b = w.register("run-b");
+        feed(
+            &w,
+            &mut writer,
+            watcher::Event::Apply(run("run-a", Some(Phase::Running))),
+        );
+        assert!(a.has_changed().unwrap());
+        assert_eq!(phase(&a.borrow_and_update()), Some(Phase::Running));
+        assert!(!b.has_changed().unwrap());
+
+        // The watch breaks; while it is down run-a finishes. The relist's InitApply and
+        // InitDone hand the waiter the finished state.
+        w.handle(Err(watcher::Error::NoResourceVersion));
+        assert_eq!(w.restarts.get(), 1);
+        feed(&w, &mut writer, watcher::Event::Init);
+        feed(
+            &w,
+            &mut writer,
+            watcher::Event::InitApply(run("run-a", Some(Phase::Succeeded))),
+        );
+        feed(&w, &mut writer, watcher::Event::InitDone);
+        assert_eq!(phase(&a.borrow_and_update()), Some(Phase::Succeeded));
+
+        // A run that finished before its waiter registered is seen at registration.
+        let late = w.register("run-a");
+        assert_eq!(phase(&late.borrow()), Some(Phase::Succeeded));
+
+        feed(&w, &mut writer, watcher::Event::Delete(run("run-b", None)));
+        assert!(matches!(*b.borrow(), Seen::Deleted));
+        w.unregister("run-b");
+        assert_eq!(w.waiters(), 1);
     }
 }

@@ -83,11 +83,14 @@ impl Leadership {
     /// Waits until this replica holds the lease; false when the election ended.
     pub async fn wait_until_leader(&mut self) -> bool {
         loop {
-            match self.leading.wait_for(|l| *l).await {
-                Ok(_) => return true,
-                Err(_) if self.task.is_finished() => return false,
-                Err(_) => tokio::time::sleep(self.retry).await,
+            let leading = self.leading.wait_for(|l| *l).await.is_ok();
+            if leading {
+                return true;
             }
+            if self.task.is_finished() {
+                return false;
+            }
+            tokio::time::sleep(self.retry).await;
         }
     }
 

@@ -5,6 +5,10 @@
 //! its own namespace (toolrun_e2e::run_in_namespace); without a cluster the tests skip with
 //! a message, with TOOLRUN_REQUIRE_CLUSTER=1 they fail.
 //!
+//! The `e2e_` tests then run the real operator in process (toolrun_operator::run) and the
+//! gateway's gRPC server with the kubernetes backend, called with a tonic client: real pods
+//! from the images `tests/cluster/up` loads.
+//!
 //! Run: eval "$(tests/cluster/env)"; TOOLRUN_REQUIRE_CLUSTER=1 cargo test -p toolrun --test kube_backend
 
 use std::collections::{BTreeMap, HashSet};
@@ -29,6 +33,8 @@ use toolrun::tool::{CallContext, TypedTool};
 use toolrun::tools::run_code::{LanguageArg, RunCode, RunCodeInput, SandboxPool};
 use toolrun_crd::ToolRun;
 use toolrun_e2e::{TestNs, run_in_namespace, wait_until};
+use toolrun_proto::v1 as pb;
+use toolrun_proto::v1::tool_service_client::ToolServiceClient;
 use toolrun_runner::{Language, RunSpec, Verdict};
 
 const CRD_YAML: &str = include_str!("../../deploy/crds/toolrun.dev_toolruns.yaml");
@@ -723,4 +729,257 @@ async fn reqwest_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
         bail!("{path}: {head}");
     }
     Ok(body.to_string())
+}
+
+// ---------------------------------------------------------------------------------------
+// End to end: the real operator (in process) and the gateway's gRPC server, with a tonic
+// client, against real pods.
+// ---------------------------------------------------------------------------------------
+
+type Grpc = ToolServiceClient<tonic::transport::Channel>;
+
+/// The operator (no leader election, metrics on an ephemeral port) for `ns`, and a gateway
+/// with the kubernetes backend on `ns`; both stop when the returned guard drops.
+struct Stack {
+    gateway: toolrun::serve::Running,
+    client: Grpc,
+    operator_stop: CancellationToken,
+    operator: JoinHandle<()>,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        self.gateway.shutdown();
+        self.operator_stop.cancel();
+        self.operator.abort();
+    }
+}
+
+async fn stack(ns: &TestNs) -> Result<Stack> {
+    ensure_crd(&ns.client).await?;
+    let operator_config = toolrun_operator::OperatorConfig {
+        namespace: ns.name.clone(),
+        ..toolrun_operator::OperatorConfig::default()
+    };
+    let mut ctl = toolrun_operator::ControllerConfig {
+        metrics_listen: "127.0.0.1:0".parse()?,
+        ..toolrun_operator::ControllerConfig::default()
+    };
+    ctl.leader_election.enabled = false;
+    let identity = toolrun_operator::Identity {
+        name: format!("e2e-{}", ns.name),
+        lease_namespace: ns.name.clone(),
+    };
+    let operator_stop = CancellationToken::new();
+    let operator = {
+        let (client, stop) = (ns.client.clone(), operator_stop.clone());
+        tokio::spawn(async move {
+            if let Err(e) = toolrun_operator::run(
+                client,
+                operator_config,
+                ctl,
+                identity,
+                stop.cancelled_owned(),
+            )
+            .await
+            {
+                eprintln!("operator: {e:#}");
+            }
+        })
+    };
+    let gateway = toolrun::serve::start(toolrun::serve::ServeArgs {
+        listen: "127.0.0.1:0".parse()?,
+        admin_listen: "127.0.0.1:0".parse()?,
+        backend: Some(toolrun::config::BackendKind::Kubernetes),
+        namespace: Some(ns.name.clone()),
+        ..toolrun::serve::ServeArgs::default()
+    })
+    .await?;
+    let client = ToolServiceClient::connect(format!("http://{}", gateway.grpc_addr)).await?;
+    Ok(Stack {
+        gateway,
+        client,
+        operator_stop,
+        operator,
+    })
+}
+
+fn call_req(call_id: &str, args: Value) -> pb::CallToolRequest {
+    pb::CallToolRequest {
+        call_id: call_id.into(),
+        tool: "run_code".into(),
+        arguments_json: args.to_string(),
+        timeout_ms: 0,
+        session_id: String::new(),
+    }
+}
+
+async fn call(client: &mut Grpc, call_id: &str, args: Value) -> Result<(pb::ToolResult, Value)> {
+    let r = client
+        .call_tool(call_req(call_id, args))
+        .await?
+        .into_inner()
+        .result
+        .context("a result")?;
+    let out = if r.output_json.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&r.output_json)?
+    };
+    Ok((r, out))
+}
+
+fn error_code(r: &pb::ToolResult) -> String {
+    r.error
+        .as_ref()
+        .map(|e| toolrun::grpc::error_code_name(e.code))
+        .unwrap_or_else(|| "OK".into())
+}
+
+#[tokio::test]
+async fn e2e_run_code_in_three_languages_through_the_operator() {
+    run_in_namespace("kube-e2e-languages", |ns| async move {
+        let mut s = stack(&ns).await?;
+        let client = &mut s.client;
+        let (r, out) = call(client, "py-1", json!({"language": "python",
+            "code": "import sys\nprint('hello', sys.argv[1])\nprint('oops', file=sys.stderr)",
+            "args": ["world"]})).await?;
+        ensure!(r.ok, "python: {r:?}");
+        ensure!(out["stdout"] == "hello world\n" && out["stderr"] == "oops\n", "{out}");
+        ensure!(out["exit_code"] == 0, "{out}");
+
+        let (r, out) = call(client, "js-1", json!({"language": "javascript",
+            "code": "console.log(require('fs').readFileSync(0, 'utf8').trim() + process.env.SUFFIX); process.exit(3)",
+            "stdin": "from stdin", "env": {"SUFFIX": "!"}})).await?;
+        ensure!(!r.ok && error_code(&r) == "EXECUTION_ERROR", "js: {r:?}");
+        ensure!(out["stdout"] == "from stdin!\n" && out["exit_code"] == 3, "{out}");
+
+        let (r, out) = call(client, "sh-1", json!({"language": "bash",
+            "code": "echo out; echo err >&2; exit 7"})).await?;
+        ensure!(error_code(&r) == "EXECUTION_ERROR", "bash: {r:?}");
+        ensure!(out["stdout"] == "out\n" && out["stderr"] == "err\n" && out["exit_code"] == 7, "{out}");
+
+        let (r, out) = call(client, "slow-1", json!({"language": "python",
+            "code": "import time\nprint('started', flush=True)\ntime.sleep(60)", "timeout": 2})).await?;
+        ensure!(error_code(&r) == "TIMEOUT", "timeout: {r:?}");
+        ensure!(out["timed_out"] == true && out["stdout"] == "started\n", "{out}");
+
+        // The ToolRuns the gateway made are what kubectl shows.
+        let runs = ns.api::<ToolRun>().list(&ListParams::default()).await?;
+        ensure!(runs.items.len() == 4, "{} ToolRuns", runs.items.len());
+        for tr in &runs.items {
+            ensure!(tr.status.as_ref().and_then(|st| st.phase).is_some_and(|p| p.is_finished()));
+        }
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn e2e_stream_tool_gets_live_output() {
+    run_in_namespace("kube-e2e-stream", |ns| async move {
+        let mut s = stack(&ns).await?;
+        let mut stream = s
+            .client
+            .stream_tool(call_req(
+                "stream-1",
+                json!({"language": "bash",
+                "code": "echo first; sleep 3; echo second >&2; echo third"}),
+            ))
+            .await?
+            .into_inner();
+        let t0 = std::time::Instant::now();
+        let mut chunks: Vec<(std::time::Duration, String)> = Vec::new();
+        let mut result = None;
+        while let Some(ev) = stream.message().await? {
+            match ev.event {
+                Some(pb::tool_event::Event::Stdout(c)) => chunks.push((
+                    t0.elapsed(),
+                    format!("out:{}", String::from_utf8_lossy(&c.data)),
+                )),
+                Some(pb::tool_event::Event::Stderr(c)) => chunks.push((
+                    t0.elapsed(),
+                    format!("err:{}", String::from_utf8_lossy(&c.data)),
+                )),
+                Some(pb::tool_event::Event::Result(r)) => result = Some((t0.elapsed(), r)),
+                None => {}
+            }
+        }
+        let (done_at, r) = result.context("a final result")?;
+        ensure!(r.ok, "{r:?}");
+        let text: String = chunks
+            .iter()
+            .map(|(_, c)| c.as_str())
+            .collect::<Vec<_>>()
+            .join("|");
+        ensure!(
+            text.contains("out:first") && text.contains("err:second") && text.contains("out:third"),
+            "{text}"
+        );
+        // Live: "first" arrived while the program was still sleeping.
+        let first_at = chunks
+            .iter()
+            .find(|(_, c)| c.contains("first"))
+            .map(|(t, _)| *t)
+            .context("first")?;
+        ensure!(
+            done_at - first_at >= std::time::Duration::from_secs(2),
+            "first at {first_at:?}, done at {done_at:?}"
+        );
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn e2e_a_client_deadline_cancels_the_toolrun() {
+    run_in_namespace("kube-e2e-deadline", |ns| async move {
+        let mut s = stack(&ns).await?;
+        let mut req = tonic::Request::new(call_req(
+            "deadline-1",
+            json!({"language": "python",
+            "code": "import time\nwhile True: time.sleep(1)", "timeout": 30}),
+        ));
+        // Long enough for the pod to start running, far shorter than the program.
+        req.set_timeout(Duration::from_secs(15));
+        let pods = ns.pods();
+        let status = s
+            .client
+            .call_tool(req)
+            .await
+            .err()
+            .context("the deadline must end the call")?;
+        ensure!(
+            matches!(
+                status.code(),
+                tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+            ),
+            "{status:?}"
+        );
+        let tr = only_run(&ns).await?;
+        if let Err(e) = wait_cancelled(&ns, &tr.name_any()).await {
+            let now = get_run(&ns, &tr.name_any()).await?;
+            bail!("{e:#}; ToolRun now: {}", serde_json::to_string(&now)?);
+        }
+        wait_until(
+            Duration::from_secs(60),
+            "the run's pod gone or stopped",
+            || async {
+                Ok(match pods.get_opt(&tr.name_any()).await? {
+                    None => true,
+                    Some(p) => {
+                        toolrun_e2e::is_finished(&p) || p.metadata.deletion_timestamp.is_some()
+                    }
+                })
+            },
+        )
+        .await?;
+        let tr = get_run(&ns, &tr.name_any()).await?;
+        eprintln!(
+            "cancelled ToolRun status: {:?}",
+            tr.status.as_ref().map(|st| (st.phase, st.verdict))
+        );
+        Ok(())
+    })
+    .await;
 }

@@ -9,12 +9,13 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::LogParams;
 use tokio::io::BufReader;
-use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{mpsc, watch};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 use tokio_util::sync::CancellationToken;
 use toolrun_runner::Event;
 
+use super::watch::Seen;
 use crate::sandbox::lines::{Line, read_line};
 use crate::tool::StreamChunk;
 
@@ -30,12 +31,27 @@ pub struct Forwarded {
     pub stderr: String,
 }
 
-/// Follows pod `name`'s run container until the runner's result line, the end of the
-/// log, or `stop`. Retries while the pod does not exist yet or its container has not
-/// started (the init container copies the runner first).
+/// The pod running ToolRun `run` now: the status's `podName` (the operator names a
+/// retried pod differently), else the ToolRun's own name (its first pod's).
+fn current_pod(seen: &watch::Receiver<Seen>, run: &str) -> String {
+    match &*seen.borrow() {
+        Seen::Object(tr) => tr
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_name.clone())
+            .unwrap_or_else(|| run.to_string()),
+        _ => run.to_string(),
+    }
+}
+
+/// Follows the run container of ToolRun `run`'s pod until the runner's result line, the
+/// end of the log, or `stop`. Retries while the pod does not exist yet or its container
+/// has not started (the init container copies the runner first), and moves to a new pod
+/// when the operator retries the run.
 pub async fn follow(
     pods: Api<Pod>,
-    name: String,
+    run: String,
+    seen: watch::Receiver<Seen>,
     cap: usize,
     tx: mpsc::Sender<StreamChunk>,
     forwarded: Arc<Mutex<Forwarded>>,
@@ -52,7 +68,14 @@ pub async fn follow(
     // Events already forwarded: a log reopened after a broken connection starts again
     // from the beginning, and these are skipped.
     let mut events_done = 0usize;
+    let mut name = current_pod(&seen, &run);
     loop {
+        let pod = current_pod(&seen, &run);
+        if pod != name {
+            // A retry: a new program run, whose output starts from the beginning.
+            name = pod;
+            events_done = 0;
+        }
         let opened = tokio::select! {
             _ = stop.cancelled() => return,
             r = pods.log_stream(&name, &params) => r,
@@ -79,6 +102,9 @@ pub async fn follow(
             };
             let last = match step {
                 Ok(Line::Complete) => false,
+                // The log ended without a result: the pod was lost. Follow its
+                // replacement if the operator made one, else stop.
+                Ok(Line::Eof) if line.is_empty() && current_pod(&seen, &run) != name => break,
                 Ok(Line::Eof) if line.is_empty() => return,
                 Ok(Line::Eof) => true,
                 // A broken line or connection: reopen and skip what was forwarded.

@@ -250,8 +250,11 @@ impl RunGuard {
     }
 
     async fn cancel(&mut self) -> Result<(), String> {
+        let patched = patch_cancel(&self.inner.runs, &self.name).await;
+        // Only now: the executor drops this call the moment it sees the same cancel, often
+        // in the middle of the patch above, and then Drop must patch again.
         self.live = false;
-        patch_cancel(&self.inner.runs, &self.name).await
+        patched
     }
 
     /// Waits (briefly) for the log follower to forward what is left, then stops it.
@@ -355,6 +358,7 @@ impl Sandbox for KubernetesSandbox {
             let join = tokio::spawn(logs::follow(
                 inner.pods.clone(),
                 name.clone(),
+                seen.clone(),
                 cap,
                 tx,
                 forwarded.clone(),

@@ -1304,3 +1304,109 @@ async fn network_policies(ns: &TestNs, release: &Release) -> Result<()> {
     );
     Ok(())
 }
+
+/// The rendered `operator.yaml` text.
+fn operator_yaml(objs: &[Value]) -> String {
+    find(objs, "ConfigMap", Some(NS), "toolrun-operator")["data"]["operator.yaml"]
+        .as_str()
+        .expect("operator.yaml in the ConfigMap")
+        .to_string()
+}
+
+#[tokio::test]
+async fn operator_yaml_loads_with_the_operators_own_parser() {
+    use toolrun_operator::Config;
+    let Some(helm) = helm_or_skip("operator_yaml_loads_with_the_operators_own_parser") else {
+        return;
+    };
+    // Default values: exactly the operator's built-in defaults.
+    let objs = render(&helm, &[]).await.unwrap();
+    let config = Config::from_yaml(&operator_yaml(&objs)).expect("default operator.yaml loads");
+    assert_eq!(config, Config::default());
+
+    // Every value the chart passes on arrives where the operator reads it.
+    let objs = render(
+        &helm,
+        &[
+            ("sandbox.namespace", json!("agents-sandbox")),
+            ("languages.javascript.image", json!("node:22-slim")),
+            ("languages.javascript.interpreter", json!("/usr/local/bin/node")),
+            ("images.runner.tag", json!("1.2.3")),
+            ("images.runner.pullPolicy", json!("Always")),
+            ("images.sandbox.pullPolicy", json!("Always")),
+            ("sandbox.runtimeClassName", json!("gvisor")),
+            ("sandbox.allowedRuntimeClassNames", json!(["kata"])),
+            ("sandbox.nodeSelector", json!({"pool": "sandbox"})),
+            (
+                "sandbox.tolerations",
+                json!([{"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"}]),
+            ),
+            ("sandbox.defaultLimits", json!({"timeoutSeconds": 5, "memoryMiB": 128, "cpuMillis": 250, "processes": 32, "outputBytes": 4096})),
+            ("sandbox.maxLimits.processes", json!(128)),
+            ("sandbox.ttlSecondsAfterFinished", json!(0)),
+            ("sandbox.baseEnv", json!({"EXTRA": "1"})),
+            ("sandbox.tmpSizeMiB", json!(32)),
+            ("sandbox.ephemeralStorageMiB", json!(128)),
+            ("sandbox.userNamespaces", json!(true)),
+            ("operator.controller.concurrency", json!(8)),
+            ("operator.controller.apiQps", json!(20)),
+            ("operator.controller.apiBurst", json!(40)),
+            ("operator.controller.leaderElection", json!({"enabled": false, "leaseName": "other", "leaseDurationSeconds": 30, "renewDeadlineSeconds": 20, "retryPeriodSeconds": 5})),
+        ],
+    )
+    .await
+    .unwrap();
+    let c = Config::from_yaml(&operator_yaml(&objs)).expect("customised operator.yaml loads");
+    let o = &c.operator;
+    assert_eq!(o.namespace, "agents-sandbox");
+    assert_eq!(o.images.javascript.image, "node:22-slim");
+    assert_eq!(o.images.javascript.interpreter, "/usr/local/bin/node");
+    assert_eq!(o.images.python.image, "toolrun/sandbox:0.1.0");
+    assert_eq!(o.runner_image, "toolrun/runner:1.2.3");
+    assert_eq!(o.image_pull_policy.as_deref(), Some("Always"));
+    assert_eq!(o.runtime_class_name.as_deref(), Some("gvisor"));
+    assert_eq!(o.allowed_runtime_class_names, ["kata"]);
+    assert_eq!(
+        o.node_selector.get("pool").map(String::as_str),
+        Some("sandbox")
+    );
+    assert_eq!(o.tolerations[0].key.as_deref(), Some("sandbox"));
+    assert_eq!(o.tolerations[0].effect.as_deref(), Some("NoSchedule"));
+    assert_eq!(
+        (
+            o.default_limits.timeout_seconds,
+            o.default_limits.memory_mib,
+            o.default_limits.cpu_millis
+        ),
+        (5, 128, 250)
+    );
+    assert_eq!(
+        (o.default_limits.processes, o.default_limits.output_bytes),
+        (32, 4096)
+    );
+    assert_eq!(o.max_limits.processes, 128);
+    assert_eq!(o.default_ttl_seconds_after_finished, 0);
+    // baseEnv values merge onto the chart's defaults (Helm merges maps).
+    assert_eq!(o.base_env.get("EXTRA").map(String::as_str), Some("1"));
+    assert_eq!(o.base_env.get("HOME").map(String::as_str), Some("/tmp"));
+    assert_eq!((o.tmp_size_mib, o.ephemeral_storage_mib), (32, 128));
+    assert!(o.user_namespaces);
+    let k = &c.controller;
+    assert_eq!((k.concurrency, k.api_qps, k.api_burst), (8, 20, 40));
+    let le = &k.leader_election;
+    assert!(!le.enabled);
+    assert_eq!(le.lease_name, "other");
+    assert_eq!(
+        (
+            le.lease_duration_seconds,
+            le.renew_deadline_seconds,
+            le.retry_period_seconds
+        ),
+        (30, 20, 5)
+    );
+    assert_eq!(
+        k.metrics_listen.port(),
+        9090,
+        "the probes and the Service use 9090"
+    );
+}

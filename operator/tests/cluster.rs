@@ -772,7 +772,16 @@ async fn measure_create_to_succeeded_latency() {
             let t0 = Instant::now();
             create(&ns, &toolrun(&name, "python", "print(1)", json!({}))?).await?;
             // Poll tightly: this measures the operator, not the poll interval.
+            let (mut pod_seen, mut pod_done) = (None, None);
             loop {
+                if pod_done.is_none()
+                    && let Some(p) = ns.pods().get_opt(&name).await?
+                {
+                    pod_seen.get_or_insert(t0.elapsed());
+                    if toolrun_e2e::is_finished(&p) {
+                        pod_done = Some(t0.elapsed());
+                    }
+                }
                 let run = api.get(&name).await?;
                 if run.status.as_ref().is_some_and(|s| s.phase.is_some_and(Phase::is_finished)) {
                     ensure!(status(&run).verdict == Some(Verdict::Ok), "{:?}", run.status);
@@ -781,6 +790,10 @@ async fn measure_create_to_succeeded_latency() {
                 ensure!(t0.elapsed() < RUN_DEADLINE, "run {name} did not finish");
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            eprintln!(
+                "{name}: pod created {pod_seen:?}, pod finished {pod_done:?}, recorded {:?}",
+                t0.elapsed()
+            );
             samples.push(t0.elapsed());
         }
         samples.sort();

@@ -815,12 +815,15 @@ fn call_req(call_id: &str, args: Value) -> pb::CallToolRequest {
 }
 
 async fn call(client: &mut Grpc, call_id: &str, args: Value) -> Result<(pb::ToolResult, Value)> {
+    let t0 = std::time::Instant::now();
     let r = client
         .call_tool(call_req(call_id, args))
         .await?
         .into_inner()
         .result
         .context("a result")?;
+    // Create -> pod -> result -> status -> gateway, as a caller sees it.
+    eprintln!("{call_id}: answered in {:?}", t0.elapsed());
     let out = if r.output_json.is_empty() {
         Value::Null
     } else {

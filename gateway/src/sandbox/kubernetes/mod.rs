@@ -3,7 +3,8 @@
 //!
 //! - One watch ([`watch::SharedWatch`]) serves every in-flight call; a call registers under
 //!   its ToolRun's name before creating it (names are made here, not by `generateName`,
-//!   for exactly that reason), so no change can slip between create and wait.
+//!   for exactly that reason), so no change can slip between create and wait, and a relist
+//!   after a broken watch delivers the current state.
 //! - StreamTool output is the pod log followed live ([`logs::follow`]); the record is
 //!   always the status's.
 //! - A cancelled or abandoned call sets `spec.cancel: true` (merge patch) and returns at
@@ -115,7 +116,6 @@ impl KubernetesSandbox {
         let selector = format!("{CREATED_BY}={CREATED_BY_VALUE}");
         let watch = SharedWatch::start(
             runs.clone(),
-            ns,
             &selector,
             metrics.watch_restarts.clone(),
             stop.clone(),

@@ -1,16 +1,20 @@
 //! One watch on the gateway's ToolRuns, shared by every in-flight call.
 //!
 //! Each call registers a waiter under its ToolRun's name *before* creating it; the watch
-//! task hands every change of that ToolRun to the waiter. After a (re)list, each waiter
-//! gets the object's current state from the reflector's store, so a change that happened
-//! while the watch was down (a run that finished meanwhile) is still seen.
+//! task hands every change of that ToolRun to the waiter (a `tokio::sync::watch` slot that
+//! keeps the latest state, so a run that finishes before its call looks is still seen).
+//! After the watch breaks, the relist delivers every listed ToolRun again, so a change
+//! made while the watch was down reaches its waiter too.
+//!
+//! No reflector store: finished ToolRuns stay until their TTL and may carry up to 2 x 256
+//! KiB of output each; only the waiters' latest states are held, so memory follows the
+//! calls in flight, not the namespace's history.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use kube::Api;
-use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::watch;
@@ -29,11 +33,11 @@ pub enum Seen {
     Deleted,
 }
 
-/// The shared watch: waiters by ToolRun name, and the reflector's store.
+/// The shared watch: waiters by ToolRun name.
 pub struct SharedWatch {
-    namespace: String,
     waiters: Mutex<HashMap<String, watch::Sender<Seen>>>,
-    store: Store<ToolRun>,
+    /// True once the first list is complete.
+    listed: watch::Sender<bool>,
     last_error: Mutex<Option<String>>,
     restarts: Counter,
 }
@@ -42,15 +46,13 @@ impl SharedWatch {
     /// Starts the watch on `api` (label-selected by `selector`); it runs until `stop`.
     pub fn start(
         api: Api<ToolRun>,
-        namespace: &str,
         selector: &str,
         restarts: Counter,
         stop: CancellationToken,
     ) -> Arc<SharedWatch> {
-        let (store, writer) = reflector::store();
-        let shared = Arc::new(SharedWatch::new(namespace, store, restarts));
+        let shared = Arc::new(SharedWatch::new(restarts));
         let config = watcher::Config::default().labels(selector);
-        let events = watcher(api, config).default_backoff().reflect(writer);
+        let events = watcher(api, config).default_backoff();
         let task = shared.clone();
         tokio::spawn(async move {
             let mut events = std::pin::pin!(events);
@@ -67,11 +69,10 @@ impl SharedWatch {
         shared
     }
 
-    fn new(namespace: &str, store: Store<ToolRun>, restarts: Counter) -> SharedWatch {
+    fn new(restarts: Counter) -> SharedWatch {
         SharedWatch {
-            namespace: namespace.to_string(),
             waiters: Mutex::new(HashMap::new()),
-            store,
+            listed: watch::channel(false).0,
             last_error: Mutex::new(None),
             restarts,
         }
@@ -92,15 +93,7 @@ impl SharedWatch {
             Ok(watcher::Event::Init) => {}
             Ok(watcher::Event::InitDone) => {
                 *self.last_error.lock().expect("not poisoned") = None;
-                // The list is complete: give every waiter the current state (a relist
-                // after a gap may have skipped the change it waits for).
-                let waiters = self.waiters.lock().expect("not poisoned");
-                for (name, tx) in waiters.iter() {
-                    let key = ObjectRef::new(name).within(&self.namespace);
-                    if let Some(tr) = self.store.get(&key) {
-                        tx.send_replace(Seen::Object(tr));
-                    }
-                }
+                self.listed.send_replace(true);
             }
             Err(e) => {
                 self.restarts.inc();
@@ -119,12 +112,7 @@ impl SharedWatch {
     /// Registers a waiter for the ToolRun `name` (before it is created). The waiter is
     /// removed by [`SharedWatch::unregister`].
     pub fn register(&self, name: &str) -> watch::Receiver<Seen> {
-        let key = ObjectRef::new(name).within(&self.namespace);
-        let initial = match self.store.get(&key) {
-            Some(tr) => Seen::Object(tr),
-            None => Seen::Nothing,
-        };
-        let (tx, rx) = watch::channel(initial);
+        let (tx, rx) = watch::channel(Seen::Nothing);
         self.waiters
             .lock()
             .expect("not poisoned")
@@ -144,9 +132,9 @@ impl SharedWatch {
 
     /// Waits until the first list is complete; on timeout, the last watch error.
     pub async fn ready(&self, limit: std::time::Duration) -> Result<(), String> {
-        match tokio::time::timeout(limit, self.store.wait_until_ready()).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err("the watch stopped before its first list".into()),
+        let mut listed = self.listed.subscribe();
+        match tokio::time::timeout(limit, listed.wait_for(|l| *l)).await {
+            Ok(_) => Ok(()),
             Err(_) => Err(self
                 .last_error
                 .lock()
@@ -200,52 +188,42 @@ mod tests {
         }
     }
 
-    /// Feeds `event` through the reflector's writer, then the demultiplexer, as the
-    /// watch task does.
-    fn feed(
-        w: &SharedWatch,
-        writer: &mut reflector::store::Writer<ToolRun>,
-        event: watcher::Event<ToolRun>,
-    ) {
-        writer.apply_watcher_event(&event);
-        w.handle(Ok(event));
-    }
-
-    #[test]
-    fn changes_reach_only_their_waiter_and_a_relist_delivers_the_current_state() {
-        let (store, mut writer) = reflector::store();
-        let w = SharedWatch::new("ns", store, Counter::default());
-        feed(&w, &mut writer, watcher::Event::Init);
-        feed(&w, &mut writer, watcher::Event::InitDone);
+    #[tokio::test]
+    async fn changes_reach_only_their_waiter_and_a_relist_delivers_the_current_state() {
+        let w = SharedWatch::new(Counter::default());
+        assert!(w.ready(std::time::Duration::from_millis(10)).await.is_err());
+        w.handle(Ok(watcher::Event::Init));
+        w.handle(Ok(watcher::Event::InitDone));
+        w.ready(std::time::Duration::from_millis(10)).await.unwrap();
         let mut a = w.register("run-a");
         let b = w.register("run-b");
-        feed(
-            &w,
-            &mut writer,
-            watcher::Event::Apply(run("run-a", Some(Phase::Running))),
-        );
+        w.handle(Ok(watcher::Event::Apply(run(
+            "run-a",
+            Some(Phase::Running),
+        ))));
         assert!(a.has_changed().unwrap());
         assert_eq!(phase(&a.borrow_and_update()), Some(Phase::Running));
         assert!(!b.has_changed().unwrap());
+        // Changes of ToolRuns nobody waits for are dropped.
+        w.handle(Ok(watcher::Event::Apply(run(
+            "run-z",
+            Some(Phase::Running),
+        ))));
+        assert_eq!(w.waiters(), 2);
 
-        // The watch breaks; while it is down run-a finishes. The relist's InitApply and
-        // InitDone hand the waiter the finished state.
+        // The watch breaks; while it is down run-a finishes. The relist hands the waiter
+        // the finished state.
         w.handle(Err(watcher::Error::NoResourceVersion));
         assert_eq!(w.restarts.get(), 1);
-        feed(&w, &mut writer, watcher::Event::Init);
-        feed(
-            &w,
-            &mut writer,
-            watcher::Event::InitApply(run("run-a", Some(Phase::Succeeded))),
-        );
-        feed(&w, &mut writer, watcher::Event::InitDone);
+        w.handle(Ok(watcher::Event::Init));
+        w.handle(Ok(watcher::Event::InitApply(run(
+            "run-a",
+            Some(Phase::Succeeded),
+        ))));
+        w.handle(Ok(watcher::Event::InitDone));
         assert_eq!(phase(&a.borrow_and_update()), Some(Phase::Succeeded));
 
-        // A run that finished before its waiter registered is seen at registration.
-        let late = w.register("run-a");
-        assert_eq!(phase(&late.borrow()), Some(Phase::Succeeded));
-
-        feed(&w, &mut writer, watcher::Event::Delete(run("run-b", None)));
+        w.handle(Ok(watcher::Event::Delete(run("run-b", None))));
         assert!(matches!(*b.borrow(), Seen::Deleted));
         w.unregister("run-b");
         assert_eq!(w.waiters(), 1);

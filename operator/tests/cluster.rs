@@ -810,3 +810,98 @@ async fn measure_create_to_succeeded_latency() {
     })
     .await;
 }
+
+/// `GET path` on the operator's admin port; the body.
+async fn admin_get(addr: std::net::SocketAddr, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await?;
+    Ok(out)
+}
+
+/// A free local port for the admin listener.
+fn free_addr() -> std::net::SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+#[tokio::test]
+async fn a_replica_that_loses_the_lease_stops_reconciling() {
+    with_ns("op-lease-lost", |ns| async move {
+        let mut config = test_config(&ns.name);
+        let le = &mut config.controller.leader_election;
+        le.enabled = true;
+        le.lease_duration_seconds = 6;
+        le.renew_deadline_seconds = 4;
+        le.retry_period_seconds = 1;
+        let addr = free_addr();
+        config.controller.metrics_listen = addr;
+        let op = Operator::start(config, "replica-a").await?;
+        let leader_gauge = |v: u8| {
+            let want = format!("toolrun_operator_leader {v}");
+            move || {
+                let want = want.clone();
+                async move {
+                    Ok(admin_get(addr, "/metrics")
+                        .await?
+                        .lines()
+                        .any(|l| l == want))
+                }
+            }
+        };
+        wait_until(
+            Duration::from_secs(30),
+            "replica-a leading",
+            leader_gauge(1),
+        )
+        .await?;
+        let ready = admin_get(addr, "/readyz").await?;
+        assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+        create(&ns, &toolrun("before", "python", "print(1)", json!({}))?).await?;
+        assert_eq!(
+            status(&finished(&ns, "before").await?).verdict,
+            Some(Verdict::Ok)
+        );
+
+        // Someone else takes the lease (as a replica that believes it won would).
+        let leases = ns.api::<k8s_openapi::api::coordination::v1::Lease>();
+        let now = k8s_openapi::jiff::Timestamp::now();
+        leases
+            .patch(
+                "toolrun-operator",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {
+                    "holderIdentity": "intruder",
+                    "leaseDurationSeconds": 12,
+                    "acquireTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
+                    "renewTime": k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(now),
+                }})),
+            )
+            .await?;
+        wait_until(
+            Duration::from_secs(30),
+            "replica-a to stop leading",
+            leader_gauge(0),
+        )
+        .await?;
+        // Not leading: a new run is left alone...
+        create(&ns, &toolrun("during", "python", "print(2)", json!({}))?).await?;
+        let quiet = Instant::now();
+        while quiet.elapsed() < Duration::from_secs(3) {
+            ensure!(
+                pods_of(&ns, "during").await?.is_empty(),
+                "a follower created a pod"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        ensure!(ns.api::<ToolRun>().get("during").await?.status.is_none());
+        // ...until the intruder's lease expires and replica-a takes it back.
+        let run = finished(&ns, "during").await?;
+        assert_eq!(status(&run).stdout.as_deref(), Some("2\n"));
+        op.stop().await
+    })
+    .await;
+}

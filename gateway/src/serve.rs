@@ -325,3 +325,45 @@ fn oversize_is_resource_exhausted<B>(mut resp: http::Response<B>) -> http::Respo
     }
     resp
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_the_file_and_kubernetes_runs_more_at_once() {
+        let f = std::env::temp_dir().join(format!("toolrun-serve-{}.yaml", std::process::id()));
+        std::fs::write(
+            &f,
+            "sandbox:\n  backend: local\n  kubernetes:\n    namespace: from-file\n",
+        )
+        .unwrap();
+        let args = |backend, namespace: Option<&str>| ServeArgs {
+            config: Some(f.clone()),
+            backend,
+            namespace: namespace.map(Into::into),
+            ..ServeArgs::default()
+        };
+        let c = effective_config(&args(None, None)).unwrap();
+        assert_eq!(c.sandbox.backend, BackendKind::Local);
+        assert_eq!(c.sandbox.kubernetes.namespace, "from-file");
+        assert_eq!(c.sandbox.max_concurrent_runs, None);
+        let c = effective_config(&args(Some(BackendKind::Kubernetes), Some("from-flag"))).unwrap();
+        assert_eq!(c.sandbox.backend, BackendKind::Kubernetes);
+        assert_eq!(c.sandbox.kubernetes.namespace, "from-flag");
+        assert_eq!(
+            c.sandbox.max_concurrent_runs,
+            Some(DEFAULT_KUBERNETES_CONCURRENT_RUNS)
+        );
+        let err = effective_config(&args(
+            Some(BackendKind::Kubernetes),
+            Some("Not_A_Namespace"),
+        ))
+        .unwrap_err();
+        assert!(
+            err.to_string().contains("sandbox.kubernetes.namespace"),
+            "{err}"
+        );
+        std::fs::remove_file(&f).unwrap();
+    }
+}

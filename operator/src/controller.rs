@@ -262,10 +262,22 @@ async fn execute(
             } else {
                 Err(RecordError::Empty)
             };
-            let status = match log.and_then(|l| record_from_log(&l)) {
+            let mut status = match log.and_then(|l| record_from_log(&l)) {
                 Ok(record) => finished_status(&record),
                 Err(why) => status_without_record(pod, &why),
             };
+            let seen_running = run.status.as_ref().and_then(|s| s.start_time.as_ref());
+            if seen_running.is_none() && started {
+                // A short program can finish between two looks: its start comes from
+                // the container's own record.
+                status.start_time = decide::run_container_start(pod);
+                if let (Some(start), Some(created)) =
+                    (&status.start_time, &run.metadata.creation_timestamp)
+                {
+                    let ms = start.0.as_millisecond() - created.0.as_millisecond();
+                    ctx.metrics.start_seconds.observe(ms.max(0) as f64 / 1000.0);
+                }
+            }
             finish(run, status, None, ctx).await
         }
         Decision::Finish { status, delete_pod } => finish(run, *status, delete_pod, ctx).await,

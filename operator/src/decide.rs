@@ -360,7 +360,8 @@ pub fn run_container_started(pod: &Pod) -> bool {
     })
 }
 
-fn run_container_start(pod: &Pod) -> Option<Time> {
+/// When the run container started (running or terminated state).
+pub fn run_container_start(pod: &Pod) -> Option<Time> {
     let state = run_container(pod)?.state.as_ref()?;
     state
         .running

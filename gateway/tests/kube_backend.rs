@@ -867,12 +867,27 @@ async fn e2e_run_code_in_three_languages_through_the_operator() {
         ensure!(error_code(&r) == "TIMEOUT", "timeout: {r:?}");
         ensure!(out["timed_out"] == true && out["stdout"] == "started\n", "{out}");
 
+        // The seed's code_executor alias runs the same way.
+        let mut req = call_req("exec-1", json!({"code": "print(6 * 7)"}));
+        req.tool = "code_executor".into();
+        let r = client.call_tool(req).await?.into_inner().result.context("a result")?;
+        ensure!(r.ok, "code_executor: {r:?}");
+        let out: Value = serde_json::from_str(&r.output_json)?;
+        ensure!(out["stdout"] == "42\n", "{out}");
+
         // The ToolRuns the gateway made are what kubectl shows.
         let runs = ns.api::<ToolRun>().list(&ListParams::default()).await?;
-        ensure!(runs.items.len() == 4, "{} ToolRuns", runs.items.len());
+        ensure!(runs.items.len() == 5, "{} ToolRuns", runs.items.len());
         for tr in &runs.items {
             ensure!(tr.status.as_ref().and_then(|st| st.phase).is_some_and(|p| p.is_finished()));
         }
+        let tools: HashSet<(String, String)> = runs
+            .items
+            .iter()
+            .map(|t| (t.spec.tool.clone(), t.spec.call_id.clone()))
+            .collect();
+        ensure!(tools.contains(&("code_executor".into(), "exec-1".into())), "{tools:?}");
+        ensure!(tools.contains(&("run_code".into(), "py-1".into())), "{tools:?}");
         Ok(())
     })
     .await;

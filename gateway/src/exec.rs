@@ -68,12 +68,26 @@ impl CallOutcome {
 pub struct Executor {
     registry: Arc<Registry>,
     metrics: Arc<Metrics>,
+    /// How long past its deadline a sandboxed tool may take to report.
+    sandbox_grace: Duration,
 }
 
 impl Executor {
     /// An executor over `registry`, recording into `metrics`.
     pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>) -> Self {
-        Executor { registry, metrics }
+        Executor {
+            registry,
+            metrics,
+            sandbox_grace: SANDBOX_GRACE,
+        }
+    }
+
+    /// Gives sandboxed tools `start_allowance` more before the executor gives up on
+    /// them: the backend's time to start a run (e.g. a pod) before the program's own
+    /// timeout begins.
+    pub fn with_start_allowance(mut self, start_allowance: Duration) -> Self {
+        self.sandbox_grace = SANDBOX_GRACE + start_allowance;
+        self
     }
 
     /// The registry.
@@ -204,7 +218,7 @@ impl Executor {
             stream,
         };
         let backstop = if meta.sandbox_required {
-            timeout + SANDBOX_GRACE
+            timeout + self.sandbox_grace
         } else {
             timeout
         };

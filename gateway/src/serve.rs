@@ -178,6 +178,7 @@ pub fn effective_config(args: &ServeArgs) -> Result<Config, ConfigError> {
 pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let config = effective_config(&args)?;
     let metrics = Arc::new(Metrics::new());
+    let mut start_allowance = Duration::ZERO;
     let (registry, sandbox_info) = if args.no_sandbox {
         tracing::warn!("--no-sandbox: run_code and code_executor are not served");
         let registry = inline_registry(&config)?;
@@ -187,6 +188,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         let sandbox = build_sandbox(&config, &metrics).await?;
         // Each backend logs its own mechanisms, active or not, when it starts.
         let info = sandbox.info();
+        start_allowance = sandbox.start_allowance();
         let pool = Arc::new(SandboxPool::new(
             sandbox,
             config.sandbox.clone(),
@@ -203,7 +205,8 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
             "tool registered"
         );
     }
-    let executor = Arc::new(Executor::new(registry, metrics.clone()));
+    let executor =
+        Arc::new(Executor::new(registry, metrics.clone()).with_start_allowance(start_allowance));
 
     let grpc_listener =
         TcpListener::bind(args.listen)

@@ -328,6 +328,34 @@ async fn run_code_creates_the_expected_toolrun_and_maps_its_status() {
             .await?;
         ensure!(rec.verdict == Verdict::Ok && rec.exit_code == 0, "{rec:?}");
         ensure!(rec.stdout == "ok-call\n" && rec.duration_ms == 5, "{rec:?}");
+
+        // What a ToolRun cannot hold is the caller's to fix: INVALID_ARGUMENTS naming the
+        // field, and nothing is created.
+        let before = ns
+            .api::<ToolRun>()
+            .list(&Default::default())
+            .await?
+            .items
+            .len();
+        let ctx = CallContext::with_timeout("too-much-stdin", Duration::from_secs(30));
+        let input = RunCodeInput {
+            language: LanguageArg::Python,
+            code: "print(1)".into(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            stdin: Some("x".repeat(70_000)),
+            timeout: Some(5),
+        };
+        let err = tool.run(input, &ctx).await.expect_err("stdin too large");
+        ensure!(err.code == ErrorCode::InvalidArguments, "{err:?}");
+        ensure!(err.message.contains("stdin"), "{}", err.message);
+        let after = ns
+            .api::<ToolRun>()
+            .list(&Default::default())
+            .await?
+            .items
+            .len();
+        ensure!(before == after, "a ToolRun was created for a refused call");
         Ok(())
     })
     .await;

@@ -59,6 +59,10 @@ pub struct SandboxRun {
 /// Failures of the sandbox itself (not of the program: those are verdicts in the record).
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
+    /// This backend cannot run the call as asked (e.g. more stdin than a ToolRun holds):
+    /// the caller's arguments must change, so it is reported as INVALID_ARGUMENTS.
+    #[error("{0}")]
+    Rejected(String),
     /// The sandbox could not be set up or the runner could not start.
     #[error("sandbox setup failed: {0}")]
     Setup(String),
@@ -89,6 +93,13 @@ pub trait Sandbox: Send + Sync + 'static {
         stream: Option<mpsc::Sender<StreamChunk>>,
         cancel: CancellationToken,
     ) -> Result<RunRecord, SandboxError>;
+
+    /// Time a run may take before its program starts (scheduling a pod, pulling an
+    /// image), on top of the program's own timeout. The executor waits this much longer
+    /// for a sandboxed tool before giving up on it. Local: none.
+    fn start_allowance(&self) -> std::time::Duration {
+        std::time::Duration::ZERO
+    }
 }
 
 /// The runner-enforced part of `limits` for a program with this wall-clock timeout.

@@ -13,7 +13,7 @@ use toolrun_runner::{Language, RunRecord, RunSpec, RunnerLimits, Verdict};
 use crate::config::{Limits, SandboxConfig};
 use crate::error::{ErrorCode, ToolError};
 use crate::metrics::{Metrics, VerdictLabels};
-use crate::sandbox::{Sandbox, SandboxRun};
+use crate::sandbox::{Sandbox, SandboxError, SandboxRun};
 use crate::tool::{
     ApprovalPolicy, CallContext, Category, Determinism, SideEffect, ToolMetadata, TypedTool,
 };
@@ -142,14 +142,18 @@ impl SandboxPool {
             )
             .await;
         self.metrics.sandbox_inflight.dec();
-        let record = result.map_err(|e| {
-            self.metrics
-                .sandbox_runs
-                .get_or_create(&VerdictLabels {
-                    verdict: Verdict::InfraError.as_str().into(),
-                })
-                .inc();
-            ToolError::new(ErrorCode::Unavailable, format!("sandbox failure: {e}"))
+        let record = result.map_err(|e| match e {
+            // Nothing ran: the arguments do not fit this backend.
+            SandboxError::Rejected(why) => ToolError::invalid_arguments(why),
+            e => {
+                self.metrics
+                    .sandbox_runs
+                    .get_or_create(&VerdictLabels {
+                        verdict: Verdict::InfraError.as_str().into(),
+                    })
+                    .inc();
+                ToolError::new(ErrorCode::Unavailable, format!("sandbox failure: {e}"))
+            }
         })?;
         self.metrics
             .sandbox_runs

@@ -314,6 +314,10 @@ impl Sandbox for KubernetesSandbox {
         self.info.clone()
     }
 
+    fn start_allowance(&self) -> Duration {
+        Duration::from_secs(self.inner.config.start_timeout_seconds)
+    }
+
     async fn run(
         &self,
         run: SandboxRun,
@@ -324,7 +328,7 @@ impl Sandbox for KubernetesSandbox {
         let started = Instant::now();
         let name = new_name();
         let tr = convert::tool_run(&name, &run, &inner.config)
-            .map_err(|e| SandboxError::Setup(e.to_string()))?;
+            .map_err(|e| SandboxError::Rejected(e.to_string()))?;
         let ns = inner.config.namespace.as_str();
         let timeout = Duration::from_millis(run.spec.limits.timeout_ms);
         let start_allowance = Duration::from_secs(inner.config.start_timeout_seconds);

@@ -1026,6 +1026,45 @@ async fn install_is_available_and_uninstall_leaves_only_the_crd() {
                 && spec.egress.unwrap_or_default().is_empty()
         );
 
+        // What a user does next (NOTES): call run_code through the gateway, see the ToolRun.
+        // A ready gateway pod's address: the test runs on the node, which always has a
+        // route to pods (not always one to the Service range).
+        let gateway_ip = Api::<Pod>::namespaced(client.clone(), &release.namespace)
+            .list(&ListParams::default().labels("app.kubernetes.io/component=gateway"))
+            .await?
+            .items
+            .into_iter()
+            .filter(is_ready)
+            .find_map(|p| p.status.and_then(|s| s.pod_ip))
+            .context("no ready gateway pod with an address")?;
+        let mut grpc = toolrun_proto::v1::tool_service_client::ToolServiceClient::connect(format!(
+            "http://{gateway_ip}:50051"
+        ))
+        .await?;
+        let result = grpc
+            .call_tool(toolrun_proto::v1::CallToolRequest {
+                call_id: "helm-install-check".into(),
+                tool: "run_code".into(),
+                arguments_json: json!({"language": "python", "code": "print(6 * 7)"}).to_string(),
+                timeout_ms: 0,
+                session_id: String::new(),
+            })
+            .await?
+            .into_inner()
+            .result
+            .context("CallTool returned no result")?;
+        ensure!(result.ok, "run_code failed: {result:?}");
+        let output: Value = serde_json::from_str(&result.output_json)?;
+        ensure!(output["stdout"] == "42\n", "run_code output: {output}");
+        let runs: Api<toolrun_crd::ToolRun> =
+            Api::namespaced(client.clone(), &release.sandbox_namespace);
+        let runs = runs.list(&ListParams::default()).await?.items;
+        ensure!(
+            runs.len() == 1 && runs[0].spec.call_id == "helm-install-check",
+            "expected the call's ToolRun in {}: {runs:?}",
+            release.sandbox_namespace
+        );
+
         // The API server stored the Roles as rendered (no widening by aggregation etc.).
         let roles: Api<Role> = Api::namespaced(client.clone(), &release.sandbox_namespace);
         let op = serde_json::to_value(roles.get("toolrun-operator").await?)?;

@@ -167,6 +167,10 @@ pub struct ControllerConfig {
     /// InvalidImageName, CreateContainerConfigError) or for a node (Unschedulable)
     /// before the run is an INFRA_ERROR. Counted from the pod's creation.
     pub pending_grace: Duration,
+    /// Running pods whose `run` container log is followed at once, so a result is
+    /// recorded the moment the runner writes it (0: never; past it, the result is read
+    /// when the pod is seen finished).
+    pub max_log_followers: usize,
 }
 
 /// Leader election with a `coordination.k8s.io` Lease.
@@ -201,6 +205,7 @@ impl Default for ControllerConfig {
             },
             metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             pending_grace: Duration::from_secs(60),
+            max_log_followers: 256,
         }
     }
 }
@@ -537,6 +542,7 @@ mod file {
         leader_election: Option<LeaderElection>,
         metrics_listen: Option<SocketAddr>,
         pending_grace_seconds: Option<u32>,
+        max_log_followers: Option<usize>,
     }
 
     #[derive(Deserialize)]
@@ -621,6 +627,7 @@ mod file {
                     c.pending_grace_seconds
                         .map(|s| Duration::from_secs(s.into())),
                 );
+                set(&mut t.max_log_followers, c.max_log_followers);
                 if let Some(le) = c.leader_election {
                     let t = &mut t.leader_election;
                     set(&mut t.enabled, le.enabled);

@@ -8,6 +8,12 @@
 //! if anything changed meanwhile the write fails and the run is looked at again, so a
 //! finished status is never overwritten. Pods are created with POST (AlreadyExists is
 //! success: a restarted operator finds the pod it made); ConfigMaps are applied once.
+//!
+//! While a run's program runs, its pod's `run` container log is followed
+//! ([`crate::follow`]); the record read there triggers a reconcile (through
+//! `Controller::reconcile_on`) that records it before the kubelet reports the pod
+//! finished. Only the leader runs the controller, so only the leader follows logs; the
+//! followers stop with its term.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,6 +34,7 @@ use tracing::{debug, info, warn};
 use crate::builders::{self, RUN_CONTAINER};
 use crate::config::{ControllerConfig, OperatorConfig};
 use crate::decide::{self, Decision};
+use crate::follow::{self, Followers};
 use crate::metrics::{Metrics, VerdictLabels};
 use crate::record::{RecordError, record_from_log};
 use crate::status::{finished_status, status_without_record};
@@ -77,6 +84,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Failed reconciles in a row, per run, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Followers of running pods' logs.
+    pub followers: Arc<Followers>,
 }
 
 impl Context {
@@ -95,10 +104,14 @@ impl Context {
         Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
-            config,
+            config: config.clone(),
             pending_grace: ctl.pending_grace,
             metrics,
             failures: Mutex::new(HashMap::new()),
+            followers: Arc::new(Followers::new(
+                ctl.max_log_followers,
+                config.namespace.clone(),
+            )),
         }
     }
 
@@ -144,9 +157,12 @@ pub async fn run_controller(
 ) {
     let selector = format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE);
     let children = watcher::Config::default().labels(&selector);
+    let records_read = ctx.followers.start_term();
+    let followers = ctx.followers.clone();
     Controller::new(ctx.runs(), watcher::Config::default())
         .owns(ctx.pods(), children.clone())
         .owns(ctx.config_maps(), children)
+        .reconcile_on(records_read)
         .with_config(RuntimeConfig::default().concurrency(concurrency))
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
@@ -157,6 +173,7 @@ pub async fn run_controller(
             }
         })
         .await;
+    followers.end_term();
 }
 
 /// One reconcile of one ToolRun.
@@ -200,10 +217,20 @@ async fn reconcile_inner(name: &str, ctx: &Context) -> Result<Action, Error> {
         .await
         .map_err(kube_err(format!("reading ToolRun {name}")))?
     else {
+        ctx.followers.forget_run(name);
         return Ok(Action::await_change());
     };
     if run.metadata.deletion_timestamp.is_some() {
+        ctx.followers.forget_run(name);
         return Ok(Action::await_change());
+    }
+    let finished = run
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(Phase::is_finished);
+    if finished {
+        ctx.followers.forget_run(name);
     }
     let pod_name = decide::current_pod_name(&run);
     let pod = ctx
@@ -211,14 +238,28 @@ async fn reconcile_inner(name: &str, ctx: &Context) -> Result<Action, Error> {
         .get_opt(&pod_name)
         .await
         .map_err(kube_err(format!("reading pod {pod_name}")))?;
+    // A record read from this very pod's live log (matched by UID: never another
+    // attempt's, never an earlier ToolRun's of the same name).
+    let live_record = pod
+        .as_ref()
+        .and_then(|p| p.metadata.uid.as_deref())
+        .and_then(|uid| ctx.followers.record(uid));
     let decision = decide::decide(
         &run,
         pod.as_ref(),
+        live_record.as_ref(),
         Timestamp::now(),
         &ctx.config,
         ctx.pending_grace,
     );
     debug!(run = %name, ?decision, "decided");
+    if let Some(p) = &pod
+        && decide::follow_log(&run, p, live_record.as_ref())
+        && let Ok(limits) = builders::resolve_limits(&run.spec.limits, &ctx.config)
+    {
+        ctx.followers
+            .follow(&ctx.pods(), name, p, follow::line_cap(limits.output_bytes));
+    }
     execute(&run, pod.as_ref(), decision, ctx).await
 }
 
@@ -266,18 +307,16 @@ async fn execute(
                 Ok(record) => finished_status(&record),
                 Err(why) => status_without_record(pod, &why),
             };
-            let seen_running = run.status.as_ref().and_then(|s| s.start_time.as_ref());
-            if seen_running.is_none() && started {
-                // A short program can finish between two looks: its start comes from
-                // the container's own record.
-                status.start_time = decide::run_container_start(pod);
-                if let (Some(start), Some(created)) =
-                    (&status.start_time, &run.metadata.creation_timestamp)
-                {
-                    let ms = start.0.as_millisecond() - created.0.as_millisecond();
-                    ctx.metrics.start_seconds.observe(ms.max(0) as f64 / 1000.0);
-                }
+            if started {
+                start_from_container(run, pod, &mut status, ctx);
             }
+            finish(run, status, None, ctx).await
+        }
+        Decision::Record { pod_name, record } => {
+            let pod = pod.expect("Record is decided on an observed pod");
+            debug!(run = %name, pod = %pod_name, "recording the record read from the live log");
+            let mut status = finished_status(&record);
+            start_from_container(run, pod, &mut status, ctx);
             finish(run, status, None, ctx).await
         }
         Decision::Finish { status, delete_pod } => finish(run, *status, delete_pod, ctx).await,
@@ -333,6 +372,20 @@ async fn execute(
         }
         Decision::Wait(Some(after)) => Ok(Action::requeue(after.min(RESYNC))),
         Decision::Wait(None) => Ok(Action::requeue(RESYNC)),
+    }
+}
+
+/// A short program can finish between two looks: when the run was never seen running,
+/// its start comes from the container's own state (and is a start_seconds sample).
+fn start_from_container(run: &ToolRun, pod: &Pod, status: &mut ToolRunStatus, ctx: &Context) {
+    let seen_running = run.status.as_ref().and_then(|s| s.start_time.as_ref());
+    if seen_running.is_some() {
+        return;
+    }
+    status.start_time = decide::run_container_start(pod);
+    if let (Some(start), Some(created)) = (&status.start_time, &run.metadata.creation_timestamp) {
+        let ms = start.0.as_millisecond() - created.0.as_millisecond();
+        ctx.metrics.start_seconds.observe(ms.max(0) as f64 / 1000.0);
     }
 }
 

@@ -35,6 +35,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use toolrun_crd::{Phase, ToolRun, ToolRunStatus, Verdict};
+use toolrun_runner::RunRecord;
 
 use crate::builders::{self, RUN_CONTAINER};
 use crate::config::OperatorConfig;
@@ -93,6 +94,15 @@ pub enum Decision {
         /// The run container ran; otherwise there is no log to read.
         started: bool,
     },
+    /// The runner's record was read from the live log of the current pod (see
+    /// [`crate::follow`]): record it as [`Decision::ReadLog`] would from the finished
+    /// pod, without waiting for the kubelet to notice the exit.
+    Record {
+        /// The pod whose log it was read from.
+        pod_name: String,
+        /// The record.
+        record: Box<RunRecord>,
+    },
     /// Record a result that needs nothing more (cancelled, infrastructure error), then
     /// delete the pod when it is named.
     Finish {
@@ -143,10 +153,13 @@ pub fn current_pod_name(run: &ToolRun) -> String {
     pod_name(&run.name_any(), attempt(run.status.as_ref()))
 }
 
-/// What to do next about `run`, whose current pod is `pod`, at `now`.
+/// What to do next about `run`, whose current pod is `pod`, at `now`; `live_record` is the
+/// runner's record when it was already read from that pod's live log (the caller matches
+/// it to the pod by UID).
 pub fn decide(
     run: &ToolRun,
     pod: Option<&Pod>,
+    live_record: Option<&RunRecord>,
     now: Timestamp,
     config: &OperatorConfig,
     pending_grace: Duration,
@@ -177,6 +190,14 @@ pub fn decide(
             )),
             None,
         );
+    }
+    if let (Some(_), Some(record)) = (pod, live_record) {
+        // The runner wrote its record and is exiting: the run is over, whatever the
+        // kubelet shows yet. As with a finished pod, an unrecorded cancel comes too late.
+        return Decision::Record {
+            pod_name,
+            record: Box::new(record.clone()),
+        };
     }
     let terminal = pod.is_some_and(is_terminal);
     if run.spec.cancel && !terminal {
@@ -250,6 +271,25 @@ pub fn decide(
     Decision::Wait(None)
 }
 
+/// Whether to follow the `run` container's log of `pod` (see [`crate::follow`]): it is
+/// the run's current pod, its program runs as far as the kubelet said, the run is neither
+/// finished nor cancelled, and no record was read yet.
+pub fn follow_log(run: &ToolRun, pod: &Pod, live_record: Option<&RunRecord>) -> bool {
+    let finished = run
+        .status
+        .as_ref()
+        .and_then(|s| s.phase)
+        .is_some_and(Phase::is_finished);
+    live_record.is_none()
+        && !finished
+        && !run.spec.cancel
+        && pod.metadata.name.as_deref() == Some(current_pod_name(run).as_str())
+        && is_owned_by(pod, run)
+        && pod.metadata.deletion_timestamp.is_none()
+        && !is_terminal(pod)
+        && run_container_started(pod)
+}
+
 fn decide_finished(
     run: &ToolRun,
     status: &ToolRunStatus,
@@ -257,7 +297,15 @@ fn decide_finished(
     now: Timestamp,
     config: &OperatorConfig,
 ) -> Decision {
+    // A pod still running after a result recorded without the runner (cancelled,
+    // infrastructure error) is stopped. After a runner's record (read from the live log)
+    // the runner is exiting by itself: its pod is kept, so its log stays readable.
+    let without_runner = matches!(
+        status.verdict,
+        None | Some(Verdict::Cancelled | Verdict::InfraError)
+    );
     if let Some(p) = pod
+        && without_runner
         && is_owned_by(p, run)
         && !is_terminal(p)
         && p.metadata.deletion_timestamp.is_none()

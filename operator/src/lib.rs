@@ -6,7 +6,8 @@
 //! - [`builders`] (ToolRun -> ConfigMap, Pod; namespace -> NetworkPolicy), [`record`]
 //!   (pod log -> runner record) and [`status`] (record or finished pod -> status): pure;
 //! - [`decide`]: the reconciler's decision, pure; [`controller`]: the kube-runtime
-//!   controller that observes and carries the decisions out;
+//!   controller that observes and carries the decisions out; [`follow`]: followers of
+//!   running pods' logs, so results are recorded as soon as the runner writes them;
 //! - [`leader`]: Lease-based leader election; [`ratelimit`]: the client-side token
 //!   bucket; [`metrics`]: Prometheus metrics and the admin port.
 //!
@@ -16,6 +17,7 @@ pub mod builders;
 pub mod config;
 pub mod controller;
 pub mod decide;
+pub mod follow;
 pub mod leader;
 pub mod metrics;
 pub mod ratelimit;

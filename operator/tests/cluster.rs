@@ -611,6 +611,111 @@ async fn after_the_ttl_the_run_its_pod_and_config_map_are_gone() {
     .await;
 }
 
+/// The result is recorded from the live log as soon as the runner writes it, before the
+/// kubelet reports the pod finished (its generic PLEG notices the exit up to 1 s late).
+/// Each program sleeps 1.5 s first, so its pod is reported running, and its log
+/// followed, before it ends. Whether the kubelet notices one exit before the operator
+/// records it is a race (the kubelet wins it about one time in ten), so the check is that
+/// at least one of five runs is seen recorded while its pod is still Running: the
+/// finished-pod path alone never gets there, since it records only after reading the pod
+/// finished from the API server. Results are complete, recorded once, and the pods are
+/// kept and finish by themselves.
+#[tokio::test]
+async fn a_result_is_recorded_from_the_live_log_before_the_pod_is_seen_finished() {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    with_ns("op-live-log", |ns| async move {
+        let op = Operator::start(test_config(&ns.name), "op-1").await?;
+        let api = ns.api::<ToolRun>();
+        // Watch first, so no change is missed.
+        let mut changes = watcher(api.clone(), watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        let names: BTreeSet<String> = (0..5).map(|i| format!("live-{i}")).collect();
+        let code = "import time\ntime.sleep(1.5)\nprint(1)";
+        let mut recorded = std::collections::BTreeMap::new();
+        let mut early = Vec::new();
+        // One after the other: the node has room for few sandbox pods at once.
+        for name in &names {
+            create(&ns, &toolrun(name, "python", code, json!({}))?).await?;
+            let deadline = tokio::time::Instant::now() + RUN_DEADLINE;
+            let run = loop {
+                let run = tokio::time::timeout_at(deadline, changes.try_next())
+                    .await
+                    .map_err(|_| anyhow!("{name} not recorded in time"))??
+                    .ok_or_else(|| anyhow!("the watch ended"))?;
+                let done = run
+                    .status
+                    .as_ref()
+                    .is_some_and(|s| s.phase.is_some_and(Phase::is_finished));
+                if done && run.name_any() == *name {
+                    break run;
+                }
+            };
+            // At once: what the API server says about the pod now.
+            let pod = ns
+                .pods()
+                .get(name)
+                .await
+                .with_context(|| format!("the pod of {name}, recorded as {:?}", run.status))?;
+            let s = status(&run);
+            ensure!(
+                s.verdict == Some(Verdict::Ok)
+                    && s.stdout.as_deref() == Some("1\n")
+                    && s.exit_code == Some(0)
+                    && s.start_time.is_some()
+                    && s.completion_time.is_some(),
+                "{name}: {s:?}"
+            );
+            recorded.insert(name.clone(), s.completion_time.clone());
+            if !toolrun_e2e::is_finished(&pod) {
+                early.push(name.clone());
+            }
+        }
+        eprintln!("recorded while the pod was still running: {early:?} of {names:?}");
+        ensure!(
+            !early.is_empty(),
+            "every run was recorded only after its pod was reported finished: the live log is not used"
+        );
+        for name in &names {
+            // The pod was not deleted for being "still running after the result": it
+            // finishes by itself and keeps its log.
+            wait_until(RUN_DEADLINE, "the pod finished by itself", || async {
+                Ok(toolrun_e2e::is_finished(&ns.pods().get(name).await?))
+            })
+            .await?;
+            let pod = ns.pods().get(name).await?;
+            ensure!(pod.metadata.deletion_timestamp.is_none(), "{name}: pod deleted");
+            ensure!(toolrun_e2e::phase(&pod) == "Succeeded", "{name}: {:?}", pod.status);
+            // Recorded once: one Finished event, and the status did not change after.
+            let finished_events = || async {
+                Ok::<_, anyhow::Error>(
+                    events_of(&ns, name)
+                        .await?
+                        .into_iter()
+                        .filter(|(reason, _)| reason == "Finished")
+                        .count(),
+                )
+            };
+            wait_until(RUN_DEADLINE, "the Finished event", || async {
+                Ok(finished_events().await? >= 1)
+            })
+            .await?;
+            let n = finished_events().await?;
+            ensure!(n == 1, "{name}: {n} Finished events");
+            let run = api.get(name).await?;
+            let s = status(&run);
+            ensure!(
+                s.verdict == Some(Verdict::Ok) && s.completion_time == recorded[name],
+                "{name}: the status changed after it was recorded: {s:?}"
+            );
+        }
+        op.stop().await
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_pod_deleted_mid_run_is_an_infra_error() {
     with_ns("op-podgone", |ns| async move {

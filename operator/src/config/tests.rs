@@ -76,6 +76,7 @@ controller:
   apiQps: 5
   apiBurst: 10
   pendingGraceSeconds: 7
+  maxLogFollowers: 3
   metricsListen: 127.0.0.1:9191
   leaderElection: {enabled: false, leaseName: other, leaseDurationSeconds: 20, renewDeadlineSeconds: 12, retryPeriodSeconds: 3}
 "#,
@@ -104,6 +105,7 @@ controller:
     assert_eq!(ctl.concurrency, 4);
     assert_eq!((ctl.api_qps, ctl.api_burst), (5, 10));
     assert_eq!(ctl.pending_grace, Duration::from_secs(7));
+    assert_eq!(ctl.max_log_followers, 3);
     assert_eq!(ctl.metrics_listen.to_string(), "127.0.0.1:9191");
     let le = &ctl.leader_election;
     assert!(!le.enabled);

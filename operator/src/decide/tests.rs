@@ -119,7 +119,7 @@ fn waiting(reason: &str) -> ContainerState {
 }
 
 fn decide_at(run: &ToolRun, pod: Option<&Pod>, secs: i64) -> Decision {
-    decide(run, pod, ts(secs), &OperatorConfig::default(), GRACE)
+    decide(run, pod, None, ts(secs), &OperatorConfig::default(), GRACE)
 }
 
 fn finished_reason(d: &Decision) -> (Verdict, String, Option<String>) {
@@ -310,14 +310,26 @@ fn finished_runs_are_never_rewritten_and_go_after_their_ttl() {
         Decision::Wait(Some(Duration::from_secs(50)))
     );
     assert_eq!(decide_at(&r, Some(&p), 70), Decision::DeleteRun);
-    // A finished run whose pod still runs (cancelled; failed while pending): delete it.
+    // A finished run whose pod still runs: recorded without the runner (cancelled;
+    // failed while pending), the pod is stopped; after the runner's own record (read
+    // from the live log) the runner is exiting and its pod is kept for its log.
     let live = pod("tr-1", "Running", Some(running()));
     assert_eq!(
         decide_at(&r, Some(&live), 20),
-        Decision::DeletePod {
-            name: "tr-1".into()
-        }
+        Decision::Wait(Some(Duration::from_secs(50)))
     );
+    for verdict in [Verdict::Cancelled, Verdict::InfraError] {
+        let mut st = status(Phase::Failed, "tr-1");
+        st.verdict = Some(verdict);
+        st.completion_time = Some(Time(ts(10)));
+        assert_eq!(
+            decide_at(&with_status(run(), st), Some(&live), 20),
+            Decision::DeletePod {
+                name: "tr-1".into()
+            },
+            "{verdict:?}"
+        );
+    }
     // The default TTL applies when the spec has none.
     r.spec.ttl_seconds_after_finished = None;
     assert_eq!(
@@ -456,4 +468,144 @@ fn composed_status_has_times_generation_and_conditions() {
     assert_eq!(s.completion_time, None);
     assert_eq!(camel("MEMORY_LIMIT"), "MemoryLimit");
     assert_eq!(camel("OK"), "Ok");
+}
+
+fn runner_record(exit_code: i32) -> RunRecord {
+    RunRecord {
+        version: toolrun_runner::PROTOCOL_VERSION,
+        verdict: if exit_code == 0 {
+            toolrun_runner::Verdict::Ok
+        } else {
+            toolrun_runner::Verdict::RuntimeError
+        },
+        exit_code,
+        signal: None,
+        stdout: "1\n".into(),
+        stderr: String::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+        timed_out: false,
+        duration_ms: 5,
+        message: String::new(),
+    }
+}
+
+fn decide_live(run: &ToolRun, pod: Option<&Pod>, record: &RunRecord, secs: i64) -> Decision {
+    decide(
+        run,
+        pod,
+        Some(record),
+        ts(secs),
+        &OperatorConfig::default(),
+        GRACE,
+    )
+}
+
+#[test]
+fn a_record_read_from_the_live_log_is_recorded_before_the_pod_finishes() {
+    let rec = runner_record(0);
+    let recorded = Decision::Record {
+        pod_name: "tr-1".into(),
+        record: Box::new(rec.clone()),
+    };
+    let running_run = with_status(run(), status(Phase::Running, "tr-1"));
+    let p = pod("tr-1", "Running", Some(running()));
+    // Without it the run waits for the pod; with it, it is recorded now.
+    assert_eq!(decide_at(&running_run, Some(&p), 3), Decision::Wait(None));
+    assert_eq!(decide_live(&running_run, Some(&p), &rec, 3), recorded);
+    // Never seen running (the record can come before the Running status is written).
+    let pending = with_status(run(), status(Phase::Pending, "tr-1"));
+    assert_eq!(decide_live(&pending, Some(&p), &rec, 3), recorded);
+    // The kubelet already reports the exit: the same record, no second log read.
+    let done = pod("tr-1", "Succeeded", Some(exited(0)));
+    assert_eq!(decide_live(&running_run, Some(&done), &rec, 4), recorded);
+    // The pod is being deleted after the runner wrote its record: the result stands.
+    let mut going = p.clone();
+    going.metadata.deletion_timestamp = Some(Time(ts(3)));
+    assert_eq!(decide_live(&running_run, Some(&going), &rec, 4), recorded);
+    // A failing program's record is recorded the same way.
+    let failed = runner_record(3);
+    assert!(matches!(
+        decide_live(&running_run, Some(&p), &failed, 3),
+        Decision::Record { record, .. } if record.exit_code == 3
+    ));
+}
+
+#[test]
+fn a_live_record_never_overrides_a_recorded_result_or_a_foreign_pod() {
+    let rec = runner_record(0);
+    // Cancelled first: the cancel stands (and the pod, still running, is stopped).
+    let mut st = status(Phase::Failed, "tr-1");
+    st.verdict = Some(Verdict::Cancelled);
+    st.completion_time = Some(Time(ts(10)));
+    let cancelled = with_status(run(), st);
+    let p = pod("tr-1", "Running", Some(running()));
+    assert_eq!(
+        decide_live(&cancelled, Some(&p), &rec, 11),
+        Decision::DeletePod {
+            name: "tr-1".into()
+        }
+    );
+    // Already recorded (by another look): nothing is written again.
+    let mut st = status(Phase::Succeeded, "tr-1");
+    st.verdict = Some(Verdict::Ok);
+    st.completion_time = Some(Time(ts(10)));
+    let done = with_status(run(), st);
+    assert_eq!(
+        decide_live(&done, Some(&p), &rec, 11),
+        Decision::Wait(Some(Duration::from_secs(59)))
+    );
+    // A cancel asked for but not yet recorded comes too late, as for a finished pod.
+    let mut r = with_status(run(), status(Phase::Running, "tr-1"));
+    r.spec.cancel = true;
+    assert!(matches!(
+        decide_live(&r, Some(&p), &rec, 3),
+        Decision::Record { .. }
+    ));
+    // No pod, or a pod that is not this run's: the record is not used.
+    let running_run = with_status(run(), status(Phase::Running, "tr-1"));
+    assert!(matches!(
+        decide_live(&running_run, None, &rec, 3),
+        Decision::Finish { .. }
+    ));
+    let mut foreign = p.clone();
+    foreign.metadata.owner_references = Some(vec![owner("other-uid")]);
+    assert_eq!(
+        decide_live(&running_run, Some(&foreign), &rec, 3),
+        Decision::Wait(Some(FOREIGN_POD_RECHECK))
+    );
+}
+
+#[test]
+fn logs_are_followed_only_while_the_current_program_runs_unrecorded() {
+    let rec = runner_record(0);
+    let running_run = with_status(run(), status(Phase::Running, "tr-1"));
+    let p = pod("tr-1", "Running", Some(running()));
+    assert!(follow_log(&running_run, &p, None));
+    assert!(
+        follow_log(&run(), &p, None),
+        "before the Running status is written"
+    );
+    assert!(!follow_log(&running_run, &p, Some(&rec)), "already read");
+    // Not started, or already finished as the kubelet says.
+    let waiting_pod = pod("tr-1", "Pending", Some(waiting("PodInitializing")));
+    assert!(!follow_log(&running_run, &waiting_pod, None));
+    let done = pod("tr-1", "Succeeded", Some(exited(0)));
+    assert!(!follow_log(&running_run, &done, None));
+    // Being deleted, cancelled, finished.
+    let mut going = p.clone();
+    going.metadata.deletion_timestamp = Some(Time(ts(3)));
+    assert!(!follow_log(&running_run, &going, None));
+    let mut cancelled = running_run.clone();
+    cancelled.spec.cancel = true;
+    assert!(!follow_log(&cancelled, &p, None));
+    let mut st = status(Phase::Succeeded, "tr-1");
+    st.verdict = Some(Verdict::Ok);
+    assert!(!follow_log(&with_status(run(), st), &p, None));
+    // Not this run's pod, or not the current attempt's.
+    let mut foreign = p.clone();
+    foreign.metadata.owner_references = Some(vec![owner("other-uid")]);
+    assert!(!follow_log(&running_run, &foreign, None));
+    let retry = pod("tr-1-retry", "Running", Some(running()));
+    assert!(!follow_log(&running_run, &retry, None));
 }

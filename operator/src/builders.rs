@@ -34,8 +34,36 @@ pub const BIN_DIR: &str = "/toolrun/bin";
 pub const RUNNER_IN_IMAGE: &str = "/toolrun-runner";
 /// Name of the deny-all NetworkPolicy in the sandbox namespace.
 pub const NETWORK_POLICY_NAME: &str = "toolrun-sandbox-deny-all";
-/// uid and gid of the sandbox (`nobody`): no file in any image belongs to it.
+/// uid and gid of the sandbox in a pod with its own user namespace (`nobody`; the
+/// namespace maps it to a host uid range of that pod alone).
 pub const SANDBOX_UID: i64 = 65_534;
+/// Without user namespaces each run gets a uid and gid of its own, from
+/// `[SANDBOX_UID_BASE, SANDBOX_UID_BASE + SANDBOX_UID_SPAN)`: RLIMIT_NPROC counts the
+/// processes of a uid across the whole node, so a uid per run makes `limits.processes` a
+/// per-pod bound (a fork bomb cannot take the node's processes, nor starve the runner that
+/// must kill it, nor eat another run's allowance). No file in any image belongs to these
+/// uids, and they sit far above the ranges distributions and `/etc/subuid` hand out.
+pub const SANDBOX_UID_BASE: i64 = 2_000_000_000;
+/// Size of the per-run uid range (two runs share a uid with odds 1 in 10^8).
+pub const SANDBOX_UID_SPAN: i64 = 100_000_000;
+
+/// The uid (and gid) of `run`'s pod: [`SANDBOX_UID`] with user namespaces, else a uid
+/// derived from the ToolRun's metadata.uid (stable: a rebuilt pod gets the same one).
+pub fn sandbox_uid(run: &ToolRun, config: &OperatorConfig) -> i64 {
+    if config.user_namespaces {
+        return SANDBOX_UID;
+    }
+    let key = run
+        .metadata
+        .uid
+        .as_deref()
+        .or(run.metadata.name.as_deref())
+        .unwrap_or_default();
+    let hash = blake3::hash(key.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&hash.as_bytes()[..8]);
+    SANDBOX_UID_BASE + (u64::from_le_bytes(first) % SANDBOX_UID_SPAN as u64) as i64
+}
 /// `activeDeadlineSeconds` = timeout + this. The runner enforces the timeout itself and
 /// writes a TIMEOUT record; the deadline is the backstop for a runner that cannot (a
 /// hung image pull or init counts against it too, so it must not be tight).
@@ -162,11 +190,8 @@ pub fn run_spec(run: &ToolRun, config: &OperatorConfig) -> Result<RunSpec, Build
             // CPU time is bounded by the cgroup quota and the wall clock; file sizes by
             // the size-capped /tmp on a read-only root.
             cpu_seconds: 0,
-            max_processes: if config.user_namespaces {
-                u64::from(limits.processes)
-            } else {
-                0
-            },
+            // Per pod: the pod's uid is its own (see `sandbox_uid`).
+            max_processes: u64::from(limits.processes),
             max_file_bytes: 0,
             max_open_files: 0,
             address_space_bytes: 0,
@@ -244,6 +269,7 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
     let runtime_class_name = runtime_class(run, config)?;
     let config_map_name = metadata.name.clone().expect("child_metadata sets the name");
     let image = &config.images.get(run.spec.language).image;
+    let uid = sandbox_uid(run, config);
 
     let resources = resources(limits, config);
     let volumes = vec![
@@ -295,7 +321,7 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
         // Same as the run container: the pod's effective request is the larger of the
         // two, so this costs nothing and keeps the pod Guaranteed.
         resources: Some(resources.clone()),
-        security_context: Some(container_security_context()),
+        security_context: Some(container_security_context(uid)),
         volume_mounts: Some(vec![mount("runner", BIN_DIR, false)]),
         ..Container::default()
     };
@@ -311,7 +337,7 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
         ]),
         working_dir: Some("/tmp".into()),
         resources: Some(resources),
-        security_context: Some(container_security_context()),
+        security_context: Some(container_security_context(uid)),
         volume_mounts: Some(vec![
             mount("runner", BIN_DIR, true),
             mount("spec", SPEC_DIR, true),
@@ -344,8 +370,8 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
         }),
         security_context: Some(PodSecurityContext {
             run_as_non_root: Some(true),
-            run_as_user: Some(SANDBOX_UID),
-            run_as_group: Some(SANDBOX_UID),
+            run_as_user: Some(uid),
+            run_as_group: Some(uid),
             seccomp_profile: Some(runtime_default_seccomp()),
             ..PodSecurityContext::default()
         }),
@@ -391,11 +417,11 @@ fn runtime_default_seccomp() -> SeccompProfile {
     }
 }
 
-fn container_security_context() -> SecurityContext {
+fn container_security_context(uid: i64) -> SecurityContext {
     SecurityContext {
         run_as_non_root: Some(true),
-        run_as_user: Some(SANDBOX_UID),
-        run_as_group: Some(SANDBOX_UID),
+        run_as_user: Some(uid),
+        run_as_group: Some(uid),
         read_only_root_filesystem: Some(true),
         allow_privilege_escalation: Some(false),
         privileged: Some(false),

@@ -44,10 +44,10 @@ pub struct OperatorConfig {
     /// log and the runner's copy.
     pub ephemeral_storage_mib: u32,
     /// Run pods in their own user namespace (`hostUsers: false`; needs Kubernetes 1.33+
-    /// and a runtime and kernel with idmapped mounts). Only then is `limits.processes`
-    /// enforced with RLIMIT_NPROC: without a user namespace every sandbox pod is uid
-    /// 65534 on the node and they would share one process count. Otherwise the node's
-    /// `podPidsLimit` bounds processes.
+    /// and a runtime and kernel with idmapped mounts): the pod runs as uid 65534 of its
+    /// own namespace. Without, each pod runs as a uid of its own on the node (see
+    /// `builders::sandbox_uid`). Either way `limits.processes` is enforced per pod with
+    /// RLIMIT_NPROC, under the node's `podPidsLimit`.
     pub user_namespaces: bool,
 }
 

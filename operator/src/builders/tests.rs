@@ -89,8 +89,9 @@ fn pod_is_locked_down() {
 
     let psc = spec.security_context.as_ref().unwrap();
     assert_eq!(psc.run_as_non_root, Some(true));
-    assert_eq!(psc.run_as_user, Some(65534));
-    assert_eq!(psc.run_as_group, Some(65534));
+    let uid = sandbox_uid(&run(), &config());
+    assert_eq!(psc.run_as_user, Some(uid));
+    assert_eq!(psc.run_as_group, Some(uid));
     assert_eq!(
         psc.seccomp_profile.as_ref().unwrap().type_,
         "RuntimeDefault"
@@ -102,7 +103,7 @@ fn pod_is_locked_down() {
     for c in containers {
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.run_as_non_root, Some(true), "{}", c.name);
-        assert_eq!(sc.run_as_user, Some(65534), "{}", c.name);
+        assert_eq!(sc.run_as_user, Some(uid), "{}", c.name);
         assert_eq!(sc.read_only_root_filesystem, Some(true), "{}", c.name);
         assert_eq!(sc.allow_privilege_escalation, Some(false), "{}", c.name);
         assert_eq!(sc.privileged, Some(false), "{}", c.name);
@@ -273,11 +274,8 @@ fn config_map_holds_the_runner_spec() {
     assert_eq!(spec.env["HOME"], "/tmp/home");
     assert_eq!(spec.limits.timeout_ms, 10_000);
     assert_eq!(spec.limits.output_limit_bytes, 65_536, "default");
-    assert_eq!(
-        spec.limits.max_processes, 0,
-        "no RLIMIT_NPROC on a shared uid"
-    );
-    // With user namespaces the uid is the pod's own: processes are limited.
+    // RLIMIT_NPROC is per pod: the pod's uid is its own.
+    assert_eq!(spec.limits.max_processes, 32);
     let userns = OperatorConfig {
         user_namespaces: true,
         ..config()
@@ -285,6 +283,42 @@ fn config_map_holds_the_runner_spec() {
     assert_eq!(run_spec(&run, &userns).unwrap().limits.max_processes, 32);
     let pod = pod(&run, &userns).unwrap();
     assert_eq!(pod_spec(&pod).host_users, Some(false));
+    // In its own user namespace the pod is nobody (mapped to a host range of its own).
+    let psc = pod_spec(&pod).security_context.as_ref().unwrap();
+    assert_eq!(psc.run_as_user, Some(SANDBOX_UID));
+}
+
+#[test]
+fn each_run_gets_a_uid_of_its_own() {
+    let config = config();
+    let a = run();
+    let uid = sandbox_uid(&a, &config);
+    assert!(
+        (SANDBOX_UID_BASE..SANDBOX_UID_BASE + SANDBOX_UID_SPAN).contains(&uid),
+        "{uid}"
+    );
+    assert!(
+        uid < i64::from(i32::MAX),
+        "{uid}: fits every 32-bit uid_t tool"
+    );
+    // Stable: the same ToolRun always builds the same pod.
+    assert_eq!(sandbox_uid(&a, &config), uid);
+    // Different ToolRuns (even under the same name) get different uids.
+    let mut uids = std::collections::BTreeSet::new();
+    for i in 0..1000 {
+        let mut r = run();
+        r.metadata.uid = Some(format!("uid-{i}"));
+        uids.insert(sandbox_uid(&r, &config));
+    }
+    assert_eq!(uids.len(), 1000);
+    // Pod and both containers run as it, group too.
+    let pod = pod(&a, &config).unwrap();
+    let psc = pod_spec(&pod).security_context.as_ref().unwrap();
+    assert_eq!((psc.run_as_user, psc.run_as_group), (Some(uid), Some(uid)));
+    for c in all_containers(&pod) {
+        let sc = c.security_context.as_ref().unwrap();
+        assert_eq!((sc.run_as_user, sc.run_as_group), (Some(uid), Some(uid)));
+    }
 }
 
 #[test]

@@ -88,7 +88,9 @@ pub async fn follow(
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(backoff) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                // Short: a streamed caller waits on this for its first output, and a
+                // refused log request (pod not started yet) is cheap.
+                backoff = (backoff * 2).min(Duration::from_millis(250));
                 continue;
             }
         };

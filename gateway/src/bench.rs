@@ -294,7 +294,7 @@ fn print_report(r: &Report, json: bool) {
         println!("{}", serde_json::to_string(r).expect("json"));
     } else {
         println!(
-            "{:<28} {:>4} {:>9} {:>6} {:>12.0} {:>10} {:>10}",
+            "{:<28} {:>4} {:>9} {:>6} {:>12.2} {:>10} {:>10}",
             r.scenario, r.concurrency, r.calls, r.failures, r.calls_per_sec, r.p50_us, r.p99_us
         );
     }

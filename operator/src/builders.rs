@@ -440,10 +440,9 @@ pub fn network_policy(namespace: &str) -> NetworkPolicy {
         metadata: ObjectMeta {
             name: Some(NETWORK_POLICY_NAME.into()),
             namespace: Some(namespace.into()),
-            labels: Some(BTreeMap::from([(
-                labels::MANAGED_BY.to_string(),
-                labels::MANAGED_BY_VALUE.to_string(),
-            )])),
+            // No labels: the chart ships this policy with its own (managed-by Helm), and
+            // two managers applying different values to one label is a server-side apply
+            // conflict. The operator owns only the spec.
             ..ObjectMeta::default()
         },
         spec: Some(NetworkPolicySpec {

@@ -358,6 +358,8 @@ fn children_are_labelled_and_owned() {
 #[test]
 fn network_policy_denies_everything_for_sandbox_pods() {
     let np = network_policy(NS);
+    // No labels of its own: the chart's copy carries Helm's (one owner per field).
+    assert_eq!(np.metadata.labels, None);
     assert_eq!(np.metadata.name.as_deref(), Some(NETWORK_POLICY_NAME));
     assert_eq!(np.metadata.namespace.as_deref(), Some(NS));
     let spec = np.spec.as_ref().unwrap();

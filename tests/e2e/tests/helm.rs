@@ -314,7 +314,7 @@ async fn default_render_matches_the_contract() {
     ];
     assert_eq!(names, expected);
 
-    // Standard labels everywhere (the deny-all policy leaves managed-by to the operator).
+    // Standard labels everywhere (the deny-all policy's managed-by is added by Helm itself).
     for o in &objs {
         let l = &o["metadata"]["labels"];
         for key in [

@@ -265,6 +265,23 @@ fn unique(prefix: &str) -> String {
 }
 
 /// The ToolRun the gateway made for `call_id`.
+/// Waits until ToolRun `name` has a finished phase (its result is recorded).
+async fn wait_finished(runs: &Api<ToolRun>, name: &str, timeout: Duration) {
+    wait_until(timeout, &format!("ToolRun {name} to finish"), || {
+        let (runs, name) = (runs.clone(), name.to_string());
+        async move {
+            Ok(runs
+                .get(&name)
+                .await?
+                .status
+                .and_then(|s| s.phase)
+                .is_some_and(|p| p.is_finished()))
+        }
+    })
+    .await
+    .unwrap();
+}
+
 async fn toolrun_of(client: &Client, call_id: &str) -> Result<ToolRun> {
     let runs: Api<ToolRun> = Api::namespaced(client.clone(), SANDBOX_NS);
     let lp = ListParams::default().labels(&format!("toolrun.dev/call-id={call_id}"));
@@ -611,24 +628,7 @@ spec:
     run_cmd(Command::new("kubectl").arg("apply").arg("-f").arg(&path)).unwrap();
     let kube = Client::try_default().await.unwrap();
     let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
-    wait_until(
-        Duration::from_secs(90),
-        "the applied ToolRun to finish",
-        || {
-            let runs = runs.clone();
-            let name = name.clone();
-            async move {
-                Ok(runs
-                    .get(&name)
-                    .await?
-                    .status
-                    .and_then(|s| s.phase)
-                    .is_some_and(|p| p.is_finished()))
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_finished(&runs, &name, Duration::from_secs(90)).await;
     let yaml = run_cmd(
         Command::new("kubectl").args(["get", "toolrun", &name, "-n", SANDBOX_NS, "-o", "yaml"]),
     )
@@ -780,23 +780,7 @@ async fn killing_the_operator_mid_run_loses_nothing_and_makes_no_second_pod() {
             .unwrap();
     }
     // The replacement records the result ...
-    wait_until(
-        Duration::from_secs(120),
-        "the result to be recorded",
-        || {
-            let (runs, name) = (runs.clone(), name.clone());
-            async move {
-                Ok(runs
-                    .get(&name)
-                    .await?
-                    .status
-                    .and_then(|s| s.phase)
-                    .is_some_and(|p| p.is_finished()))
-            }
-        },
-    )
-    .await
-    .unwrap();
+    wait_finished(&runs, &name, Duration::from_secs(120)).await;
     let st = runs.get(&name).await.unwrap().status.unwrap();
     assert_eq!(st.verdict, Some(toolrun_crd::Verdict::Ok), "{st:?}");
     assert_eq!(st.stdout.as_deref(), Some("begin\nend\n"));

@@ -64,6 +64,19 @@ pub fn is_label_value(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
+/// `s` is a DNS-1123 label: what Kubernetes accepts as a namespace name (and the name of
+/// a Lease): at most 63 lowercase alphanumerics or `-`, starting and ending with an
+/// alphanumeric.
+pub fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= MAX_LABEL_VALUE
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+}
+
 fn fnv1a32(bytes: &[u8]) -> u32 {
     let mut h: u32 = 0x811c_9dc5;
     for &b in bytes {
@@ -76,6 +89,13 @@ fn fnv1a32(bytes: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dns_labels() {
+        assert!(is_dns_label("toolrun-sandbox") && is_dns_label(&"a".repeat(63)));
+        assert!(!is_dns_label(&"a".repeat(64)) && !is_dns_label("-a") && !is_dns_label("a-"));
+        assert!(!is_dns_label("") && !is_dns_label("Upper") && !is_dns_label("a.b"));
+    }
 
     #[test]
     fn valid_values_are_kept() {

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use toolrun_crd::labels::is_dns_label;
 
 /// Smallest per-tool timeout (seed 000).
 pub const MIN_TIMEOUT_MS: u64 = 100;
@@ -163,17 +164,6 @@ impl KubernetesConfig {
         }
         Ok(())
     }
-}
-
-/// A DNS-1123 label: what Kubernetes accepts as a namespace name.
-pub fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
 /// Sandbox settings.

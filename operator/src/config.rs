@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Toleration;
 use toolrun_crd::Language;
+use toolrun_crd::labels::is_dns_label;
 
 /// The operator's configuration, as the builders need it.
 #[derive(Debug, Clone, PartialEq)]
@@ -451,17 +452,6 @@ impl Config {
         }
         Ok(())
     }
-}
-
-/// A DNS-1123 label: what namespaces and our object names must be.
-fn is_dns_label(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
 }
 
 /// The file's shape: every key optional, unknown keys rejected.

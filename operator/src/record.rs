@@ -54,12 +54,13 @@ pub fn record_from_log(log: &str) -> Result<RunRecord, RecordError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use toolrun_runner::Verdict;
 
     use super::*;
 
-    fn record(stdout: &str) -> RunRecord {
+    /// An OK record with `stdout` (also used by `follow`'s tests).
+    pub(crate) fn record(stdout: &str) -> RunRecord {
         RunRecord {
             version: PROTOCOL_VERSION,
             verdict: Verdict::Ok,
@@ -75,7 +76,8 @@ mod tests {
         }
     }
 
-    fn log_of(events: &[Event]) -> String {
+    /// The run container's log of `events`.
+    pub(crate) fn log_of(events: &[Event]) -> String {
         events.iter().map(Event::to_line).collect()
     }
 

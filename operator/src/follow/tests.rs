@@ -8,25 +8,7 @@ use toolrun_runner::{Event, PROTOCOL_VERSION, Verdict};
 
 use super::*;
 
-fn record(stdout: &str) -> RunRecord {
-    RunRecord {
-        version: PROTOCOL_VERSION,
-        verdict: Verdict::Ok,
-        exit_code: 0,
-        signal: None,
-        stdout: stdout.into(),
-        stderr: String::new(),
-        stdout_truncated: false,
-        stderr_truncated: false,
-        timed_out: false,
-        duration_ms: 3,
-        message: String::new(),
-    }
-}
-
-fn log_of(events: &[Event]) -> String {
-    events.iter().map(Event::to_line).collect()
-}
+use crate::record::tests::{log_of, record};
 
 /// Scans `log` read `chunk` bytes at a time.
 async fn scan(log: &str, chunk: usize, cap: usize) -> Result<RunRecord, FollowError> {

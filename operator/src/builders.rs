@@ -268,19 +268,18 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
     let limits = resolve_limits(&run.spec.limits, config)?;
     let runtime_class_name = runtime_class(run, config)?;
     let config_map_name = metadata.name.clone().expect("child_metadata sets the name");
-    let image = &config.images.get(run.spec.language).image;
     let uid = sandbox_uid(run, config);
 
     let resources = resources(limits, config);
-    let volumes = vec![
-        Volume {
-            name: "runner".into(),
-            empty_dir: Some(EmptyDirVolumeSource {
-                medium: None,
-                size_limit: Some(Quantity(format!("{BIN_SIZE_MIB}Mi"))),
-            }),
-            ..Volume::default()
-        },
+    let language_image = config.images.get(run.spec.language);
+    let image = &language_image.image;
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: Some(read_only),
+        ..VolumeMount::default()
+    };
+    let mut volumes = vec![
         Volume {
             name: "spec".into(),
             config_map: Some(ConfigMapVolumeSource {
@@ -302,28 +301,43 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
             ..Volume::default()
         },
     ];
-    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
-        name: name.into(),
-        mount_path: path.into(),
-        read_only: Some(read_only),
-        ..VolumeMount::default()
-    };
-    let runner_path = format!("{BIN_DIR}/toolrun-runner");
-    let install = Container {
-        name: INSTALL_CONTAINER.into(),
-        image: Some(config.runner_image.clone()),
-        image_pull_policy: config.image_pull_policy.clone(),
-        command: Some(vec![
-            RUNNER_IN_IMAGE.into(),
-            "install".into(),
-            runner_path.clone(),
-        ]),
-        // Same as the run container: the pod's effective request is the larger of the
-        // two, so this costs nothing and keeps the pod Guaranteed.
-        resources: Some(resources.clone()),
-        security_context: Some(container_security_context(uid)),
-        volume_mounts: Some(vec![mount("runner", BIN_DIR, false)]),
-        ..Container::default()
+    let mut run_mounts = vec![mount("spec", SPEC_DIR, true), mount("tmp", "/tmp", false)];
+    // The runner: from the language image when it carries one, else copied by an init
+    // container from the runner image into a volume the run container mounts read-only.
+    let (runner_path, init_containers) = match &language_image.runner_path {
+        Some(path) => (path.clone(), None),
+        None => {
+            let runner_path = format!("{BIN_DIR}/toolrun-runner");
+            volumes.insert(
+                0,
+                Volume {
+                    name: "runner".into(),
+                    empty_dir: Some(EmptyDirVolumeSource {
+                        medium: None,
+                        size_limit: Some(Quantity(format!("{BIN_SIZE_MIB}Mi"))),
+                    }),
+                    ..Volume::default()
+                },
+            );
+            run_mounts.insert(0, mount("runner", BIN_DIR, true));
+            let install = Container {
+                name: INSTALL_CONTAINER.into(),
+                image: Some(config.runner_image.clone()),
+                image_pull_policy: config.image_pull_policy.clone(),
+                command: Some(vec![
+                    RUNNER_IN_IMAGE.into(),
+                    "install".into(),
+                    runner_path.clone(),
+                ]),
+                // Same as the run container: the pod's effective request is the larger
+                // of the two, so this costs nothing and keeps the pod Guaranteed.
+                resources: Some(resources.clone()),
+                security_context: Some(container_security_context(uid)),
+                volume_mounts: Some(vec![mount("runner", BIN_DIR, false)]),
+                ..Container::default()
+            };
+            (runner_path, Some(vec![install]))
+        }
     };
     let run_container = Container {
         name: RUN_CONTAINER.into(),
@@ -338,15 +352,11 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
         working_dir: Some("/tmp".into()),
         resources: Some(resources),
         security_context: Some(container_security_context(uid)),
-        volume_mounts: Some(vec![
-            mount("runner", BIN_DIR, true),
-            mount("spec", SPEC_DIR, true),
-            mount("tmp", "/tmp", false),
-        ]),
+        volume_mounts: Some(run_mounts),
         ..Container::default()
     };
     let spec = PodSpec {
-        init_containers: Some(vec![install]),
+        init_containers,
         containers: vec![run_container],
         volumes: Some(volumes),
         restart_policy: Some("Never".into()),

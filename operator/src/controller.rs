@@ -26,6 +26,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Config as RuntimeConfig, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use toolrun_crd::{Phase, ToolRun, ToolRunStatus, Verdict, labels};
@@ -65,6 +66,9 @@ pub enum Error {
     Metadata(&'static str),
 }
 
+/// Entries of [`Context::newest`] kept before pruning against the cache is considered.
+const PRUNE_FLOOR: usize = 1024;
+
 fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     let action = action.into();
     move |source| Error::Kube { action, source }
@@ -84,6 +88,13 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     /// Failed reconciles in a row, per run, for the backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Per run, the resourceVersion of the newest ToolRun this process wrote or read from
+    /// the API server: the watch cache may be used once it holds that version (see
+    /// [`Context::fresh_run`]).
+    newest: Mutex<HashMap<String, String>>,
+    /// The running controller's cache of ToolRuns (set at each start): entries of
+    /// `newest` for runs no longer in it are dropped now and then.
+    store: Mutex<Option<Store<ToolRun>>>,
     /// Followers of running pods' logs.
     pub followers: Arc<Followers>,
 }
@@ -108,11 +119,65 @@ impl Context {
             pending_grace: ctl.pending_grace,
             metrics,
             failures: Mutex::new(HashMap::new()),
+            newest: Mutex::new(HashMap::new()),
+            store: Mutex::new(None),
             followers: Arc::new(Followers::new(
                 ctl.max_log_followers,
                 config.namespace.clone(),
             )),
         }
+    }
+
+    /// The run to decide on: the watch cache's copy when it is at least as new as what
+    /// this process last wrote or read, else a fresh GET (`None`: the run is gone). Most
+    /// reconciles are triggered by the watch event of the newest version, so this saves
+    /// a GET per reconcile; a copy still behind an external write is safe too, as every
+    /// status write carries the resourceVersion it was decided on and conflicts if stale.
+    async fn fresh_run(&self, cached: &ToolRun, name: &str) -> Result<Option<ToolRun>, Error> {
+        let newest = self
+            .newest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned();
+        if newest.is_none() || newest == cached.metadata.resource_version {
+            return Ok(Some(cached.clone()));
+        }
+        let run = self
+            .runs()
+            .get_opt(name)
+            .await
+            .map_err(kube_err(format!("reading ToolRun {name}")))?;
+        match &run {
+            Some(r) => self.remember(name, r),
+            None => self.forget(name),
+        }
+        Ok(run)
+    }
+
+    fn remember(&self, name: &str, run: &ToolRun) {
+        let Some(rv) = &run.metadata.resource_version else {
+            return;
+        };
+        let mut newest = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+        newest.insert(name.to_string(), rv.clone());
+        // Runs deleted by someone else are never reconciled again: drop their entries
+        // once the map has grown well past the cache (amortised O(1) per write).
+        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(store) = store.as_ref()
+            && newest.len() > PRUNE_FLOOR.max(2 * store.len())
+        {
+            let ns = &self.config.namespace;
+            newest.retain(|n, _| store.get(&ObjectRef::new(n).within(ns)).is_some());
+        }
+    }
+
+    fn forget(&self, name: &str) {
+        self.newest
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        self.followers.forget_run(name);
     }
 
     fn runs(&self) -> Api<ToolRun> {
@@ -159,7 +224,9 @@ pub async fn run_controller(
     let children = watcher::Config::default().labels(&selector);
     let records_read = ctx.followers.start_term();
     let followers = ctx.followers.clone();
-    Controller::new(ctx.runs(), watcher::Config::default())
+    let controller = Controller::new(ctx.runs(), watcher::Config::default());
+    *ctx.store.lock().unwrap_or_else(|e| e.into_inner()) = Some(controller.store());
+    controller
         .owns(ctx.pods(), children.clone())
         .owns(ctx.config_maps(), children)
         .reconcile_on(records_read)
@@ -183,7 +250,7 @@ pub async fn reconcile(cached: Arc<ToolRun>, ctx: Arc<Context>) -> Result<Action
         .name
         .clone()
         .ok_or(Error::Metadata("name"))?;
-    let result = reconcile_inner(&name, &ctx).await;
+    let result = reconcile_inner(&cached, &name, &ctx).await;
     ctx.metrics.reconciled(result.is_ok());
     if result.is_ok() {
         ctx.failures
@@ -210,18 +277,12 @@ pub fn error_policy(run: Arc<ToolRun>, error: &Error, ctx: Arc<Context>) -> Acti
     Action::requeue(delay)
 }
 
-async fn reconcile_inner(name: &str, ctx: &Context) -> Result<Action, Error> {
-    let Some(run) = ctx
-        .runs()
-        .get_opt(name)
-        .await
-        .map_err(kube_err(format!("reading ToolRun {name}")))?
-    else {
-        ctx.followers.forget_run(name);
+async fn reconcile_inner(cached: &ToolRun, name: &str, ctx: &Context) -> Result<Action, Error> {
+    let Some(run) = ctx.fresh_run(cached, name).await? else {
         return Ok(Action::await_change());
     };
     if run.metadata.deletion_timestamp.is_some() {
-        ctx.followers.forget_run(name);
+        ctx.forget(name);
         return Ok(Action::await_change());
     }
     let finished = run
@@ -368,6 +429,7 @@ async fn execute(
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => return Err(kube_err(format!("deleting ToolRun {name}"))(e)),
             }
+            ctx.forget(&name);
             Ok(Action::await_change())
         }
         Decision::Wait(Some(after)) => Ok(Action::requeue(after.min(RESYNC))),
@@ -512,7 +574,8 @@ async fn write_status(
         },
         "status": status,
     });
-    ctx.runs()
+    let written = ctx
+        .runs()
         .patch_status(
             &name,
             &PatchParams::apply(FIELD_MANAGER).force(),
@@ -520,6 +583,7 @@ async fn write_status(
         )
         .await
         .map_err(kube_err(format!("writing the status of ToolRun {name}")))?;
+    ctx.remember(&name, &written);
     Ok(status)
 }
 

@@ -258,9 +258,10 @@ async fn python_print_runs_in_a_locked_down_pod() {
             ("True", "Ok")
         );
 
-        // The pod as the API server stored it: every locked-down field.
+        // The pod as the API server stored it: every locked-down field (the init
+        // container that copies the runner in, and the run container).
         let pod = ns.pods().get("py").await?;
-        assert_locked_down(&pod, &run);
+        assert_locked_down(&pod, &run, 2);
         // The ConfigMap holds the spec and belongs to the run too.
         let cm = ns.api::<ConfigMap>().get("py").await?;
         assert_eq!(cm.immutable, Some(true));
@@ -295,7 +296,7 @@ async fn python_print_runs_in_a_locked_down_pod() {
     .await;
 }
 
-fn assert_locked_down(pod: &Pod, run: &ToolRun) {
+fn assert_locked_down(pod: &Pod, run: &ToolRun, n_containers: usize) {
     let spec = pod.spec.as_ref().unwrap();
     assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
     assert!(spec.active_deadline_seconds.is_some_and(|d| d > 0));
@@ -339,7 +340,7 @@ fn assert_locked_down(pod: &Pod, run: &ToolRun) {
         assert!(r.limits.is_some(), "{}", c.name);
         assert_eq!(r.requests, r.limits, "{}: requests != limits", c.name);
     }
-    assert_eq!(n, 2);
+    assert_eq!(n, n_containers);
     let tmp = spec
         .volumes
         .iter()
@@ -358,7 +359,12 @@ fn assert_locked_down(pod: &Pod, run: &ToolRun) {
 #[tokio::test]
 async fn javascript_and_bash_report_stderr_and_exit_codes() {
     with_ns("op-js-bash", |ns| async move {
-        let op = Operator::start(test_config(&ns.name), "op-1").await?;
+        // javascript from the runner toolrun/sandbox carries (runnerPath: no init
+        // container); bash with the init container that copies the runner in.
+        let mut config = test_config(&ns.name);
+        config.operator.images.javascript.runner_path =
+            Some(toolrun_operator::config::SANDBOX_IMAGE_RUNNER.into());
+        let op = Operator::start(config, "op-1").await?;
         create(
             &ns,
             &toolrun(
@@ -386,7 +392,26 @@ async fn javascript_and_bash_report_stderr_and_exit_codes() {
         assert_eq!(s.exit_code, Some(3));
         assert_eq!(s.stdout.as_deref(), Some("to out\n"));
         assert_eq!(s.stderr.as_deref(), Some("to err\n"));
+        let pod = ns.pods().get("js").await?;
+        assert_locked_down(&pod, &js, 1);
+        let command = &pod.spec.as_ref().unwrap().containers[0].command;
+        assert_eq!(
+            command.as_ref().unwrap()[0],
+            toolrun_operator::config::SANDBOX_IMAGE_RUNNER
+        );
         let sh = finished(&ns, "sh").await?;
+        let pod = ns.pods().get("sh").await?;
+        assert_locked_down(&pod, &sh, 2);
+        let init = &pod.spec.as_ref().unwrap().init_containers.as_ref().unwrap()[0];
+        assert_eq!(init.name, "install-runner");
+        let init_exit = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.init_container_statuses.as_ref())
+            .and_then(|s| s[0].state.as_ref())
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| t.exit_code);
+        assert_eq!(init_exit, Some(0), "the init container copied the runner");
         let s = status(&sh);
         assert_eq!(s.verdict, Some(Verdict::RuntimeError), "{s:?}");
         assert_eq!(s.exit_code, Some(7));

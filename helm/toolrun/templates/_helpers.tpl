@@ -35,6 +35,19 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+
 {{- end }}
 
 {{/*
+A language's entry in the operator's config, as JSON: image, interpreter and, when set,
+runnerPath (where the image carries toolrun-runner; without it the operator copies the
+runner in with an init container).
+*/}}
+{{- define "toolrun.languageConfig" -}}
+{{- $c := dict "image" (include "toolrun.languageImage" .) "interpreter" .lang.interpreter -}}
+{{- if .lang.runnerPath -}}
+{{- $_ := set $c "runnerPath" .lang.runnerPath -}}
+{{- end -}}
+{{- toJson $c -}}
+{{- end }}
+
+{{/*
 The hardened pod securityContext of our own pods (gateway, operator): what the `restricted`
 Pod Security Standard demands, and a fixed non-root uid/gid (65534, the images' user).
 */}}

@@ -44,11 +44,25 @@ fn run() -> ToolRun {
     run
 }
 
+/// The default: an init container copies the runner into the pod.
 fn config() -> OperatorConfig {
     OperatorConfig {
         namespace: NS.into(),
         ..OperatorConfig::default()
     }
+}
+
+/// Language images that carry the runner (as toolrun/sandbox does): no init container.
+fn runner_config() -> OperatorConfig {
+    let mut c = config();
+    for image in [
+        &mut c.images.python,
+        &mut c.images.javascript,
+        &mut c.images.bash,
+    ] {
+        image.runner_path = Some(crate::config::SANDBOX_IMAGE_RUNNER.into());
+    }
+    c
 }
 
 fn pod_spec(pod: &Pod) -> &PodSpec {
@@ -66,7 +80,13 @@ fn all_containers(pod: &Pod) -> Vec<&Container> {
 
 #[test]
 fn pod_is_locked_down() {
-    let pod = pod(&run(), &config()).unwrap();
+    for (config, n_containers) in [(config(), 2), (runner_config(), 1)] {
+        pod_is_locked_down_with(&config, n_containers);
+    }
+}
+
+fn pod_is_locked_down_with(config: &OperatorConfig, n_containers: usize) {
+    let pod = pod(&run(), config).unwrap();
     let spec = pod_spec(&pod);
     assert_eq!(spec.restart_policy.as_deref(), Some("Never"));
     assert_eq!(
@@ -89,7 +109,7 @@ fn pod_is_locked_down() {
 
     let psc = spec.security_context.as_ref().unwrap();
     assert_eq!(psc.run_as_non_root, Some(true));
-    let uid = sandbox_uid(&run(), &config());
+    let uid = sandbox_uid(&run(), config);
     assert_eq!(psc.run_as_user, Some(uid));
     assert_eq!(psc.run_as_group, Some(uid));
     assert_eq!(
@@ -99,7 +119,7 @@ fn pod_is_locked_down() {
     assert_eq!(psc.sysctls, None);
 
     let containers = all_containers(&pod);
-    assert_eq!(containers.len(), 2);
+    assert_eq!(containers.len(), n_containers);
     for c in containers {
         let sc = c.security_context.as_ref().unwrap();
         assert_eq!(sc.run_as_non_root, Some(true), "{}", c.name);
@@ -219,6 +239,49 @@ fn init_container_installs_the_runner_the_run_container_starts() {
     assert_eq!(
         pod_spec(&pod).containers[0].image.as_deref(),
         Some("bash:5")
+    );
+}
+
+#[test]
+fn a_language_image_with_a_runner_needs_no_init_container() {
+    let pod = pod(&run(), &runner_config()).unwrap();
+    let spec = pod_spec(&pod);
+    assert_eq!(spec.init_containers, None);
+    assert_eq!(spec.containers.len(), 1);
+    let main = &spec.containers[0];
+    assert_eq!(main.image.as_deref(), Some("toolrun/sandbox:0.1.0"));
+    assert_eq!(
+        main.command,
+        Some(vec![
+            crate::config::SANDBOX_IMAGE_RUNNER.to_string(),
+            "--spec".into(),
+            "/toolrun/spec/spec.json".into()
+        ])
+    );
+    assert_eq!(
+        serde_json::to_value(main.volume_mounts.as_ref().unwrap()).unwrap(),
+        json!([
+            {"name": "spec", "mountPath": "/toolrun/spec", "readOnly": true},
+            {"name": "tmp", "mountPath": "/tmp", "readOnly": false},
+        ])
+    );
+    assert_eq!(
+        serde_json::to_value(&spec.volumes).unwrap(),
+        json!([
+            {"name": "spec", "configMap": {"name": "tr-1", "defaultMode": 0o444, "optional": false}},
+            {"name": "tmp", "emptyDir": {"medium": "Memory", "sizeLimit": "64Mi"}},
+        ])
+    );
+    // One language image without a runner: only its pods get the init container.
+    let mut config = runner_config();
+    config.images.bash.runner_path = None;
+    let mut bash = run();
+    bash.spec.language = Language::Bash;
+    let spec = pod_spec(&super::pod(&bash, &config).unwrap()).clone();
+    assert_eq!(spec.init_containers.as_ref().map(Vec::len), Some(1));
+    assert_eq!(
+        pod_spec(&super::pod(&run(), &config).unwrap()).init_containers,
+        None
     );
 }
 

@@ -22,8 +22,8 @@ ephemeralStorageMiB: 64
 userNamespaces: false
 controller:
   concurrency: 16                   # ToolRuns reconciled at once
-  apiQps: 50                        # client-side rate limit of API requests (token bucket)
-  apiBurst: 100
+  apiQps: 100                       # client-side rate limit of API requests (token bucket)
+  apiBurst: 200
   leaderElection:
     enabled: true
     leaseName: toolrun-operator
@@ -60,6 +60,7 @@ runnerImage: reg.example/runner:1
 imagePullPolicy: null
 images:
   javascript: {image: node:22}
+  bash: {runnerPath: /opt/toolrun-runner}
 defaultTtlSecondsAfterFinished: 60
 defaultLimits: {memoryMiB: 128}
 maxLimits: {timeoutSeconds: 60}
@@ -88,6 +89,18 @@ controller:
     assert_eq!(o.image_pull_policy, None, "null = the cluster's default");
     assert_eq!(o.images.javascript.image, "node:22");
     assert_eq!(o.images.javascript.interpreter, "/usr/bin/node", "kept");
+    assert_eq!(
+        o.images.javascript.runner_path, None,
+        "no runnerPath: the init container copies the runner in"
+    );
+    assert_eq!(
+        o.images.bash.image,
+        OperatorConfig::default().images.bash.image
+    );
+    assert_eq!(
+        o.images.bash.runner_path.as_deref(),
+        Some("/opt/toolrun-runner")
+    );
     assert_eq!(o.images.python, OperatorConfig::default().images.python);
     assert_eq!(o.default_ttl_seconds_after_finished, 60);
     assert_eq!(o.default_limits.memory_mib, 128);
@@ -184,6 +197,10 @@ fn bad_values_are_refused_with_their_key() {
         (
             "images: {python: {interpreter: python3}}\n",
             "images.python.interpreter",
+        ),
+        (
+            "images: {javascript: {runnerPath: bin/toolrun-runner}}\n",
+            "images.javascript.runnerPath",
         ),
         ("imagePullPolicy: Sometimes\n", "imagePullPolicy"),
         (

@@ -517,8 +517,8 @@ ephemeralStorageMiB: 64
 userNamespaces: false
 controller:
   concurrency: 16
-  apiQps: 50
-  apiBurst: 100
+  apiQps: 100
+  apiBurst: 200
   leaderElection:
     enabled: true
     leaseName: toolrun-operator
@@ -575,6 +575,8 @@ async fn values_reach_the_operator_config_and_the_pods() {
             ("images.gateway.repository", json!("registry.example/toolrun-gateway")),
             ("languages.python.image", json!("python:3.13-slim")),
             ("languages.python.interpreter", json!("/usr/local/bin/python3")),
+            ("languages.javascript.image", json!("registry.example/node-with-runner:1")),
+            ("languages.javascript.runnerPath", json!("/opt/toolrun-runner")),
             ("sandbox.runtimeClassName", json!("gvisor")),
             ("sandbox.allowedRuntimeClassNames", json!(["kata"])),
             ("sandbox.nodeSelector", json!({"toolrun.dev/pool": "sandbox"})),
@@ -600,9 +602,15 @@ async fn values_reach_the_operator_config_and_the_pods() {
     assert_eq!(cfg["namespace"], "agents-sandbox");
     assert_eq!(
         cfg["images"]["python"],
-        json!({"image": "python:3.13-slim", "interpreter": "/usr/local/bin/python3"})
+        json!({"image": "python:3.13-slim", "interpreter": "/usr/local/bin/python3"}),
+        "no runnerPath: the init container copies the runner in"
+    );
+    assert_eq!(
+        cfg["images"]["javascript"]["runnerPath"],
+        "/opt/toolrun-runner"
     );
     assert_eq!(cfg["images"]["bash"]["image"], "toolrun/sandbox:9.9.9");
+    assert!(cfg["images"]["bash"]["runnerPath"].is_null());
     assert_eq!(cfg["runnerImage"], "toolrun/runner:0.1.0");
     assert_eq!(cfg["runtimeClassName"], "gvisor");
     assert_eq!(cfg["allowedRuntimeClassNames"], json!(["kata"]));
@@ -731,6 +739,10 @@ async fn bad_values_are_rejected_with_the_key_named() {
         (
             vec![("languages.python.interpreter", json!("python3"))],
             "/languages/python/interpreter",
+        ),
+        (
+            vec![("languages.bash.runnerPath", json!("toolrun-runner"))],
+            "/languages/bash/runnerPath",
         ),
         (
             vec![(

@@ -330,39 +330,40 @@ impl Config {
                 format!("{:?} is not a namespace name", o.namespace),
             );
         }
-        for (key, image) in [("runnerImage", &o.runner_image)].into_iter().chain([
-            ("images.python.image", &o.images.python.image),
-            ("images.javascript.image", &o.images.javascript.image),
-            ("images.bash.image", &o.images.bash.image),
-        ]) {
-            if image.trim().is_empty() || image.chars().any(char::is_whitespace) {
-                return invalid(key, format!("{image:?} is not an image reference"));
-            }
+        let is_image_ref =
+            |image: &str| !image.trim().is_empty() && !image.contains(char::is_whitespace);
+        if !is_image_ref(&o.runner_image) {
+            return invalid(
+                "runnerImage",
+                format!("{:?} is not an image reference", o.runner_image),
+            );
         }
-        for (key, interpreter) in [
-            ("images.python.interpreter", &o.images.python.interpreter),
-            (
-                "images.javascript.interpreter",
-                &o.images.javascript.interpreter,
-            ),
-            ("images.bash.interpreter", &o.images.bash.interpreter),
+        for (lang, li) in [
+            ("python", &o.images.python),
+            ("javascript", &o.images.javascript),
+            ("bash", &o.images.bash),
         ] {
-            if !interpreter.starts_with('/') {
-                return invalid(key, format!("{interpreter:?} is not an absolute path"));
+            if !is_image_ref(&li.image) {
+                let image = &li.image;
+                return invalid(
+                    &format!("images.{lang}.image"),
+                    format!("{image:?} is not an image reference"),
+                );
             }
-        }
-        for (key, path) in [
-            ("images.python.runnerPath", &o.images.python.runner_path),
-            (
-                "images.javascript.runnerPath",
-                &o.images.javascript.runner_path,
-            ),
-            ("images.bash.runnerPath", &o.images.bash.runner_path),
-        ] {
-            if let Some(path) = path
-                && (!path.starts_with('/') || path.chars().any(char::is_whitespace))
+            if !li.interpreter.starts_with('/') {
+                let interpreter = &li.interpreter;
+                return invalid(
+                    &format!("images.{lang}.interpreter"),
+                    format!("{interpreter:?} is not an absolute path"),
+                );
+            }
+            if let Some(path) = &li.runner_path
+                && (!path.starts_with('/') || path.contains(char::is_whitespace))
             {
-                return invalid(key, format!("{path:?} is not an absolute path"));
+                return invalid(
+                    &format!("images.{lang}.runnerPath"),
+                    format!("{path:?} is not an absolute path"),
+                );
             }
         }
         if let Some(p) = &o.image_pull_policy
@@ -533,8 +534,7 @@ mod file {
     }
 
     #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    #[serde(rename_all = "camelCase")]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
     struct Image {
         image: Option<String>,
         interpreter: Option<String>,

@@ -37,6 +37,7 @@ fn print_one() -> SandboxRun {
         tool: "run_code".into(),
         call_id: "bench".into(),
     }
+    workspace: None,
 }
 
 /// Builds `toolrun-runner` in this profile when `cargo bench` has not.

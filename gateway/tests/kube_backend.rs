@@ -107,6 +107,7 @@ fn sandbox_run(language: Language, code: &str, timeout_ms: u64, call_id: &str) -
         tool: "run_code".into(),
         call_id: call_id.into(),
     }
+    workspace: None,
 }
 
 /// What the stand-in operator does with each new ToolRun.

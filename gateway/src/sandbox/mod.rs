@@ -54,6 +54,10 @@ pub struct SandboxRun {
     pub tool: String,
     /// The caller's call id; recorded by remote backends.
     pub call_id: String,
+    /// A session's workspace: this host directory is mounted read-write at `/workspace`
+    /// (the program's working directory is then `spec.workdir`, normally `/workspace`).
+    /// `None` for one-shot runs.
+    pub workspace: Option<std::path::PathBuf>,
 }
 
 /// Failures of the sandbox itself (not of the program: those are verdicts in the record).

@@ -136,6 +136,7 @@ impl SandboxPool {
                     limits: limits.clone(),
                     tool: code.tool.to_string(),
                     call_id: ctx.call_id.clone(),
+                    workspace: None,
                 },
                 ctx.stream.clone(),
                 ctx.cancel.clone(),

@@ -61,6 +61,7 @@ pub fn spec(language: Language, code: &str, timeout_ms: u64) -> SandboxRun {
         tool: "run_code".into(),
         call_id: "test".into(),
     }
+    workspace: None,
 }
 
 pub async fn run_spec(run: SandboxRun) -> RunRecord {

@@ -265,6 +265,7 @@ mod tests {
             tool: "code_executor".into(),
             call_id: "call 1".into(),
         }
+        workspace: None,
     }
 
     #[test]

@@ -225,6 +225,7 @@ fn probe_run() -> SandboxRun {
         tool: "run_code".into(),
         call_id: "startup-probe".into(),
     }
+    workspace: None,
 }
 
 /// A fresh ToolRun name: `run-` and 16 hex digits of a random UUID (64 bits: no

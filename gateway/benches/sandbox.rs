@@ -36,8 +36,8 @@ fn print_one() -> SandboxRun {
         limits,
         tool: "run_code".into(),
         call_id: "bench".into(),
+        workspace: None,
     }
-    workspace: None,
 }
 
 /// Builds `toolrun-runner` in this profile when `cargo bench` has not.

@@ -106,8 +106,8 @@ fn sandbox_run(language: Language, code: &str, timeout_ms: u64, call_id: &str) -
         limits,
         tool: "run_code".into(),
         call_id: call_id.into(),
+        workspace: None,
     }
-    workspace: None,
 }
 
 /// What the stand-in operator does with each new ToolRun.

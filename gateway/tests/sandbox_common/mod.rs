@@ -60,8 +60,8 @@ pub fn spec(language: Language, code: &str, timeout_ms: u64) -> SandboxRun {
         limits,
         tool: "run_code".into(),
         call_id: "test".into(),
+        workspace: None,
     }
-    workspace: None,
 }
 
 pub async fn run_spec(run: SandboxRun) -> RunRecord {

@@ -264,8 +264,8 @@ mod tests {
             limits,
             tool: "code_executor".into(),
             call_id: "call 1".into(),
+            workspace: None,
         }
-        workspace: None,
     }
 
     #[test]

@@ -224,8 +224,8 @@ fn probe_run() -> SandboxRun {
         limits,
         tool: "run_code".into(),
         call_id: "startup-probe".into(),
+        workspace: None,
     }
-    workspace: None,
 }
 
 /// A fresh ToolRun name: `run-` and 16 hex digits of a random UUID (64 bits: no

@@ -57,6 +57,17 @@ pub struct SandboxRun {
     /// A session's workspace: this host directory is mounted read-write at `/workspace`
     /// (the program's working directory is then `spec.workdir`, normally `/workspace`).
     /// `None` for one-shot runs.
+    ///
+    /// Local backend: a plain bind mount (nosuid, nodev; not recursive, so mounts below
+    /// the directory stay hidden) in the run's own mount namespace; everything else is as
+    /// for a one-shot run (read-only root, private /tmp, namespaces, limits). The program
+    /// writes as uid 65534 (host 65534 when the gateway is root), so the directory should
+    /// be owned by it, and every directory above it must be searchable by that uid (the
+    /// mount is made after the sandbox's setup process dropped to it). It must be an
+    /// absolute UTF-8 path to a directory, not a symlink, chosen by the gateway; its size
+    /// is what the host filesystem under it allows (a per-session filesystem or quota
+    /// caps it). Such runs always start a fresh sandbox (the prepared one has no
+    /// workspace). Kubernetes backend: refused ([`SandboxError::Rejected`]) for now.
     pub workspace: Option<std::path::PathBuf>,
 }
 

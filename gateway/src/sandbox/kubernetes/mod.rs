@@ -325,6 +325,11 @@ impl Sandbox for KubernetesSandbox {
         stream: Option<mpsc::Sender<StreamChunk>>,
         cancel: CancellationToken,
     ) -> Result<RunRecord, SandboxError> {
+        if run.workspace.is_some() {
+            return Err(SandboxError::Rejected(
+                "sessions are not supported by the kubernetes backend yet".into(),
+            ));
+        }
         let inner = &self.inner;
         let started = Instant::now();
         let name = new_name();

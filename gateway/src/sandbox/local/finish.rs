@@ -79,14 +79,25 @@ pub(super) struct Reaped {
     pub memory: MemoryEvents,
 }
 
-/// Waits for the setup process (it exits right after the runner, PID 1), collects the
-/// runner's diagnostics and memory events, and removes the run's cgroups (off the call's
-/// path when every process is known gone, else killing first and waiting).
+/// Kills the run when the gateway ends it (`killed`: cancel, backstop, broken protocol),
+/// waits for the setup process (it exits right after the runner, PID 1), collects the
+/// runner's diagnostics and memory events, and removes the run's cgroups: off the call's
+/// path when every process is known gone, else on it, killing until the groups are empty.
+///
+/// When the runner ends by itself, its parent (the setup process) can only reap it once
+/// the kernel has emptied its PID namespace, so the setup process's exit means every
+/// process is gone. When the gateway kills the run, the setup process dies at once while
+/// the namespace is still being torn down (and a process forked during the kill pass
+/// missed it): only empty cgroups prove that nothing of the run is left.
 pub(super) async fn reap(
     mut guard: RunGuard,
     status: oneshot::Receiver<hakoniwa::Result<String>>,
     io: Attached,
+    killed: bool,
 ) -> Result<Reaped, SandboxError> {
+    if killed {
+        guard.kill();
+    }
     io.writer.abort();
     let status = match tokio::time::timeout(Duration::from_secs(5), status).await {
         Ok(Ok(Ok(reason))) => Some(reason),
@@ -105,7 +116,7 @@ pub(super) async fn reap(
         .as_ref()
         .map(|c| c.memory_events())
         .unwrap_or_default();
-    if status.is_some() {
+    if status.is_some() && !killed {
         // Every process of the run is gone (the setup process was the last): removing
         // the empty groups is bookkeeping, off the call's path.
         let _ = std::thread::Builder::new()

@@ -12,6 +12,9 @@
 //!   keys and service credentials), `/proc` of the new PID namespace, a minimal `/dev`
 //!   (null, zero, full, random, urandom: no tty, no pts), and a size- and inode-capped
 //!   tmpfs on `/tmp`;
+//! - for a session's run (`SandboxRun::workspace`), its host directory bind-mounted
+//!   read-write (nosuid, nodev, not recursive) at `/workspace`, a mount of its own (hard
+//!   links across it fail with EXDEV); such runs always start a fresh sandbox;
 //! - cgroup v1 memory (+memsw) and pids groups under `/sys/fs/cgroup/<ctrl>/toolrun/`;
 //!   CPU time, file size, open files and core dumps are rlimits set by the runner, which
 //!   also installs its seccomp deny-list ([`toolrun_runner::seccomp`]);
@@ -446,11 +449,8 @@ impl Sandbox for LocalSandbox {
         let (stdout, io) = Attached::start(&spec, spawned.stdin, spawned.stdout, spawned.stderr)?;
 
         let pumped = pump(stdout, stream, &cancel, backstop, cap).await;
-        if !matches!(pumped.ending, Ending::Eof) {
-            guard.kill();
-        }
-
-        let reaped = reap(guard, spawned.status, io).await?;
+        let killed = !matches!(pumped.ending, Ending::Eof);
+        let reaped = reap(guard, spawned.status, io, killed).await?;
         let elapsed_ms = started.elapsed().as_millis() as u64;
         verdict(pumped, reaped, &shape, spec.limits.timeout_ms, elapsed_ms)
     }

@@ -4,8 +4,10 @@
 //! `print(1)` beside bare `python3 -c 'print(1)'`, all in one run, so the ratios are
 //! comparable on a noisy machine; `--sandbox-concurrency 1,8,32` runs the `run_code`
 //! scenario with that many callers each, and `--rss-pid` samples a (remote) gateway's
-//! memory meanwhile. Without `--addr` it starts an in-process gateway on
-//! loopback ephemeral ports and benchmarks it over real gRPC.
+//! memory meanwhile. The session scenarios measure `CreateSession`, `read_file` and
+//! `write_file` of 100 KiB, `grep` over a workspace of `--grep-files` files beside `rg` on
+//! the same tree, and `shell` `echo hi` beside bare `bash -c`. Without `--addr` it starts an
+//! in-process gateway on loopback ephemeral ports and benchmarks it over real gRPC.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -54,6 +56,22 @@ pub struct BenchArgs {
     /// Print results as JSON lines instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Skip the session scenarios (CreateSession, file tools, grep, shell).
+    #[arg(long)]
+    pub no_sessions: bool,
+    /// Samples of each session scenario.
+    #[arg(long, default_value_t = 50)]
+    pub session_runs: usize,
+    /// Files in the grep scenario's workspace (copies of the source files under
+    /// `--grep-source`).
+    #[arg(long, default_value_t = 10_000)]
+    pub grep_files: usize,
+    /// Where the grep scenario's files come from (`*.rs`, `*.md`, `*.proto`, `*.yaml` under it).
+    #[arg(long, default_value = ".")]
+    pub grep_source: std::path::PathBuf,
+    /// ripgrep for the grep baseline.
+    #[arg(long, default_value = "rg")]
+    pub rg: String,
 }
 
 /// One scenario's figures.
@@ -228,6 +246,266 @@ async fn sandbox_scenario(addr: &str, runs: usize, concurrency: usize) -> Result
     ))
 }
 
+async fn call_ok(
+    client: &mut ToolServiceClient<Channel>,
+    tool: &str,
+    args: &serde_json::Value,
+    session: &str,
+) -> (u64, bool, String) {
+    let t = Instant::now();
+    let r = client
+        .call_tool(pb::CallToolRequest {
+            call_id: String::new(),
+            tool: tool.into(),
+            arguments_json: args.to_string(),
+            timeout_ms: 0,
+            session_id: session.into(),
+        })
+        .await;
+    let us = t.elapsed().as_micros() as u64;
+    match r.ok().and_then(|r| r.into_inner().result) {
+        Some(r) if r.ok => (us, true, r.output_json),
+        other => {
+            eprintln!("{tool} failed: {other:?}");
+            (us, false, String::new())
+        }
+    }
+}
+
+/// Times `f` `runs` times (after one warm-up).
+async fn sample<F, Fut>(name: &str, runs: usize, mut f: F) -> Report
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (u64, bool)>,
+{
+    f().await;
+    let mut lat = Vec::with_capacity(runs);
+    let mut failures = 0;
+    let start = Instant::now();
+    for _ in 0..runs {
+        let (us, ok) = f().await;
+        lat.push(us);
+        failures += usize::from(!ok);
+    }
+    report(name, 1, lat, failures, start.elapsed())
+}
+
+/// The grep scenario's files: the sources under `dir`, as (relative path, content).
+fn grep_corpus(dir: &std::path::Path, want: usize) -> Vec<(String, String)> {
+    let mut sources = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || name == "target" || name == "node_modules" {
+                continue;
+            }
+            if p.is_dir() {
+                stack.push(p);
+            } else if ["rs", "md", "proto", "yaml"]
+                .iter()
+                .any(|x| p.extension().is_some_and(|e| e == *x))
+                && let Ok(text) = std::fs::read_to_string(&p)
+            {
+                sources.push((name, text));
+            }
+        }
+    }
+    if sources.is_empty() {
+        sources.push(("a.rs".into(), "fn main() {}\n".repeat(200)));
+    }
+    (0..want)
+        .map(|i| {
+            let (name, text) = &sources[i % sources.len()];
+            (format!("d{:03}/{i}-{name}", i / 100), text.clone())
+        })
+        .collect()
+}
+
+async fn session_scenarios(addr: &str, args: &BenchArgs) -> Result<Vec<Report>, CliError> {
+    let mut client = connect(addr).await?;
+    let mut out = Vec::new();
+    let runs = args.session_runs.max(1);
+
+    // CreateSession (and its CloseSession, not timed).
+    let mut lat = Vec::new();
+    let mut failures = 0;
+    let start = Instant::now();
+    for _ in 0..runs {
+        let t = Instant::now();
+        let r = client
+            .create_session(pb::CreateSessionRequest {
+                session_id: String::new(),
+                approval_mode: pb::ApprovalMode::All as i32,
+                idle_timeout_seconds: 0,
+            })
+            .await;
+        lat.push(t.elapsed().as_micros() as u64);
+        match r {
+            Ok(s) => {
+                let _ = client
+                    .close_session(pb::CloseSessionRequest {
+                        session_id: s.into_inner().session_id,
+                    })
+                    .await;
+            }
+            Err(e) => {
+                eprintln!("CreateSession failed: {e}");
+                failures += 1;
+            }
+        }
+    }
+    out.push(report("CreateSession", 1, lat, failures, start.elapsed()));
+
+    let session = client
+        .create_session(pb::CreateSessionRequest {
+            session_id: String::new(),
+            approval_mode: pb::ApprovalMode::All as i32,
+            idle_timeout_seconds: 0,
+        })
+        .await?
+        .into_inner()
+        .session_id;
+    let content: String = "0123456789abcdef".repeat(100 * 1024 / 16);
+    let write = json!({"path": "bench/100k.txt", "content": content, "createDirs": true});
+    let c = client.clone();
+    out.push(
+        sample("write_file 100 KiB", runs, || {
+            let (mut c, w, s) = (c.clone(), write.clone(), session.clone());
+            async move {
+                let (us, ok, _) = call_ok(&mut c, "write_file", &w, &s).await;
+                (us, ok)
+            }
+        })
+        .await,
+    );
+    let read = json!({"path": "bench/100k.txt", "limit": 100000});
+    out.push(
+        sample("read_file 100 KiB", runs, || {
+            let (mut c, r, s) = (c.clone(), read.clone(), session.clone());
+            async move {
+                let (us, ok, _) = call_ok(&mut c, "read_file", &r, &s).await;
+                (us, ok)
+            }
+        })
+        .await,
+    );
+
+    if !args.no_sandbox {
+        let echo = json!({"command": "echo hi"});
+        out.push(
+            sample("shell echo hi", runs, || {
+                let (mut c, e, s) = (c.clone(), echo.clone(), session.clone());
+                async move {
+                    let (us, ok, o) = call_ok(&mut c, "shell", &e, &s).await;
+                    (us, ok && o.contains("hi\\n"))
+                }
+            })
+            .await,
+        );
+        out.push(
+            sample("bare bash -c 'echo hi'", runs, || async {
+                let t = Instant::now();
+                let o = std::process::Command::new("bash")
+                    .args(["-c", "echo hi"])
+                    .env_clear()
+                    .output();
+                let ok = o.is_ok_and(|o| o.stdout == b"hi\n");
+                (t.elapsed().as_micros() as u64, ok)
+            })
+            .await,
+        );
+    }
+
+    // grep over a tree of copies of this repository's sources, beside rg on the same tree.
+    let files = grep_corpus(&args.grep_source, args.grep_files);
+    let local = std::env::temp_dir().join(format!("toolrun-bench-grep-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&local);
+    for (path, text) in &files {
+        let p = local.join(path);
+        std::fs::create_dir_all(p.parent().expect("has a parent"))?;
+        std::fs::write(&p, text)?;
+    }
+    let next = Arc::new(AtomicUsize::new(0));
+    let files = Arc::new(files);
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (mut c, next, files, s) =
+            (client.clone(), next.clone(), files.clone(), session.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut failed = 0;
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some((path, text)) = files.get(i) else {
+                    break;
+                };
+                let a =
+                    json!({"path": format!("tree/{path}"), "content": text, "createDirs": true});
+                failed += usize::from(!call_ok(&mut c, "write_file", &a, &s).await.1);
+            }
+            failed
+        }));
+    }
+    for t in tasks {
+        let failed = t
+            .await
+            .map_err(|e| CliError::Usage(format!("bench task: {e}")))?;
+        if failed > 0 {
+            eprintln!("{failed} files of the grep tree could not be written");
+        }
+    }
+    // Few matches, so both scan every file and neither is bound by printing.
+    let pattern = r"fn\s+[a-z_]+_session\w*\(";
+    let grep = json!({"pattern": pattern, "path": "tree", "maxResults": 1000});
+    let grep_runs = runs.min(20);
+    out.push(
+        sample(&format!("grep {} files", files.len()), grep_runs, || {
+            let (mut c, g, s) = (c.clone(), grep.clone(), session.clone());
+            async move {
+                let (us, ok, _) = call_ok(&mut c, "grep", &g, &s).await;
+                (us, ok)
+            }
+        })
+        .await,
+    );
+    let rg = args.rg.clone();
+    let mut rg_ok = true;
+    out.push(
+        sample(
+            &format!("rg {} files (baseline)", files.len()),
+            grep_runs,
+            || {
+                let t = Instant::now();
+                let o = std::process::Command::new(&rg)
+                    .args(["-n", "--no-heading", "--no-ignore", "--hidden", pattern])
+                    .arg(&local)
+                    .output();
+                let ok = o.as_ref().is_ok_and(|o| o.status.success());
+                rg_ok &= o.is_ok();
+                async move { (t.elapsed().as_micros() as u64, ok) }
+            },
+        )
+        .await,
+    );
+    if !rg_ok {
+        eprintln!(
+            "rg not found ({}): install ripgrep for the grep baseline",
+            args.rg
+        );
+    }
+    let _ = std::fs::remove_dir_all(&local);
+    let _ = client
+        .close_session(pb::CloseSessionRequest {
+            session_id: session,
+        })
+        .await;
+    Ok(out)
+}
+
 /// Resident memory of `pid` in KiB.
 fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -370,6 +648,29 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
                 "sandbox overhead over bare python at p50: {:.1} ms",
                 (sandbox_p50 as f64 - b.p50_us as f64) / 1000.0
             );
+        }
+    }
+    if !args.no_sessions {
+        let reports = session_scenarios(&addr, &args).await?;
+        for r in &reports {
+            print_report(r, args.json);
+        }
+        if !args.json {
+            let p50 = |name: &str| {
+                reports
+                    .iter()
+                    .find(|r| r.scenario.starts_with(name))
+                    .map(|r| r.p50_us as f64)
+            };
+            if let (Some(s), Some(b)) = (p50("shell echo hi"), p50("bare bash")) {
+                println!(
+                    "shell overhead over bare bash at p50: {:.1} ms",
+                    (s - b) / 1000.0
+                );
+            }
+            if let (Some(g), Some(r)) = (p50("grep "), p50("rg ")) {
+                println!("grep / rg at p50: {:.2}x", g / r.max(1.0));
+            }
         }
     }
     if let Some(s) = server {

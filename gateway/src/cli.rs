@@ -1,4 +1,5 @@
-//! The `toolrun` command line: `serve`, `tools`, `call`, `run`, `bench`.
+//! The `toolrun` command line: `serve`, `tools`, `call`, `run`, `session`, `approvals`,
+//! `approve`, `deny`, `bench`.
 //!
 //! Exit codes: 0 success; 1 the tool ran and failed (`ok = false`); 2 bad usage;
 //! 3 the gateway could not be reached or the RPC failed.
@@ -71,6 +72,9 @@ pub enum Command {
         /// Call id to send (default: the gateway makes one).
         #[arg(long, default_value = "")]
         call_id: String,
+        /// Run in this session (its workspace, its approvals).
+        #[arg(long, default_value = "")]
+        session: String,
     },
     /// Run code in the sandbox, streaming its output as it comes.
     Run {
@@ -93,16 +97,110 @@ pub enum Command {
         /// Environment variable NAME=VALUE (repeatable).
         #[arg(long = "env")]
         env: Vec<String>,
+        /// Run in this session's workspace.
+        #[arg(long, default_value = "")]
+        session: String,
+    },
+    /// Create, list, show or close sessions.
+    Session {
+        #[command(flatten)]
+        conn: Conn,
+        /// What to do.
+        #[command(subcommand)]
+        action: SessionAction,
+    },
+    /// List the calls waiting for approval (with --watch: as they come).
+    Approvals {
+        #[command(flatten)]
+        conn: Conn,
+        /// Only this session's.
+        #[arg(long, default_value = "")]
+        session: String,
+        /// Keep watching and print each new approval as it is asked.
+        #[arg(long)]
+        watch: bool,
+        /// Print JSON lines instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Approve a waiting call, optionally with modified arguments.
+    Approve {
+        #[command(flatten)]
+        conn: Conn,
+        /// The approval's id (from `toolrun approvals`).
+        approval_id: String,
+        /// Run the call with these arguments instead (a JSON object).
+        #[arg(long = "args")]
+        args: Option<String>,
+        /// A note for the model.
+        #[arg(long, default_value = "")]
+        message: String,
+    },
+    /// Deny a waiting call; the model gets APPROVAL_DENIED with the message.
+    Deny {
+        #[command(flatten)]
+        conn: Conn,
+        /// The approval's id (from `toolrun approvals`).
+        approval_id: String,
+        /// Why, for the model.
+        #[arg(long)]
+        message: String,
     },
     /// Load-generate against a gateway and report latency and throughput.
     Bench(crate::bench::BenchArgs),
+}
+
+/// `toolrun session ...`.
+#[derive(Debug, Subcommand)]
+pub enum SessionAction {
+    /// Create a session; prints its id.
+    Create {
+        /// The id to use (default: a generated, unguessable one).
+        #[arg(long, default_value = "")]
+        id: String,
+        /// Which calls ask for approval: none (every call asks), safe (read-only tools run,
+        /// the rest ask), all (nothing asks). Default: the gateway's (safe).
+        #[arg(long, value_enum)]
+        approval_mode: Option<ModeArg>,
+        /// Expire after this many seconds without a call (default: the gateway's, 1800).
+        #[arg(long, default_value_t = 0)]
+        idle_timeout: u32,
+    },
+    /// List the open sessions.
+    List,
+    /// Show one session.
+    Get {
+        /// Session id.
+        id: String,
+    },
+    /// Close a session: kill what runs in it, delete its workspace.
+    Close {
+        /// Session id.
+        id: String,
+    },
+}
+
+/// Approval modes on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ModeArg {
+    /// Every call asks.
+    None,
+    /// Read-only tools run, the rest ask.
+    Safe,
+    /// Nothing asks.
+    All,
 }
 
 /// Where the gateway is.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Conn {
     /// Gateway gRPC address.
-    #[arg(long, env = "TOOLRUN_ADDR", default_value = "http://127.0.0.1:50051")]
+    #[arg(
+        long,
+        env = "TOOLRUN_ADDR",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
     pub addr: String,
 }
 
@@ -217,12 +315,57 @@ pub async fn run_client(command: Command) -> Result<i32, CliError> {
     match command {
         Command::Serve(_) | Command::Bench(_) => unreachable!("handled by the caller"),
         Command::Tools { conn, format } => tools(&conn, format).await,
+        Command::Session { conn, action } => session(&conn, action).await,
+        Command::Approvals {
+            conn,
+            session,
+            watch,
+            json,
+        } => approvals(&conn, session, watch, json).await,
+        Command::Approve {
+            conn,
+            approval_id,
+            args,
+            message,
+        } => decide(&conn, approval_id, true, args.unwrap_or_default(), message).await,
+        Command::Deny {
+            conn,
+            approval_id,
+            message,
+        } => decide(&conn, approval_id, false, String::new(), message).await,
         Command::Call {
             conn,
             tool,
             arguments,
             timeout_ms,
             call_id,
+            session,
+        } if !session.is_empty() => {
+            // In a session a call may wait for approval: stream, to say so while it waits.
+            let result = call_streaming(
+                &conn.addr,
+                pb::CallToolRequest {
+                    call_id,
+                    tool,
+                    arguments_json: arguments,
+                    timeout_ms,
+                    session_id: session,
+                },
+            )
+            .await?;
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&result_json(&result)).expect("json")
+            );
+            Ok(if result.ok { 0 } else { EXIT_TOOL_FAILED })
+        }
+        Command::Call {
+            conn,
+            tool,
+            arguments,
+            timeout_ms,
+            call_id,
+            ..
         } => {
             let mut client = connect(&conn.addr).await?;
             let resp = client
@@ -252,6 +395,7 @@ pub async fn run_client(command: Command) -> Result<i32, CliError> {
             timeout,
             args,
             env,
+            session,
         } => {
             let code = match (code, file) {
                 (Some(c), _) => c,
@@ -280,12 +424,247 @@ pub async fn run_client(command: Command) -> Result<i32, CliError> {
             if let Some(t) = timeout {
                 arguments["timeout"] = json!(t);
             }
-            run_streaming(&conn.addr, arguments).await
+            run_streaming(&conn.addr, arguments, session).await
         }
     }
 }
 
-async fn run_streaming(addr: &str, arguments: Value) -> Result<i32, CliError> {
+fn print_approval_notice(a: &pb::Approval) {
+    eprintln!(
+        "toolrun: waiting for approval {} ({}): approve with `toolrun approve {}` or deny with \
+         `toolrun deny {} --message ...`",
+        a.approval_id, a.tool, a.approval_id, a.approval_id
+    );
+}
+
+/// A call through StreamTool, saying on stderr when it waits for approval; returns the result.
+async fn call_streaming(addr: &str, req: pb::CallToolRequest) -> Result<pb::ToolResult, CliError> {
+    let mut client = connect(addr).await?;
+    let mut stream = client.stream_tool(req).await?.into_inner();
+    while let Some(event) = stream.message().await? {
+        match event.event {
+            Some(pb::tool_event::Event::Approval(a)) => print_approval_notice(&a),
+            Some(pb::tool_event::Event::Result(r)) => return Ok(r),
+            _ => {}
+        }
+    }
+    Err(CliError::Rpc(tonic::Status::unavailable(
+        "the stream ended without a result",
+    )))
+}
+
+fn mode_name(m: i32) -> String {
+    enum_name(
+        pb::ApprovalMode::try_from(m).ok().map(|c| c.as_str_name()),
+        "APPROVAL_MODE_",
+    )
+}
+
+fn ms_to_rfc3339(ms: i64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn session_json(s: &pb::Session) -> Value {
+    json!({
+        "session_id": s.session_id,
+        "approval_mode": mode_name(s.approval_mode),
+        "idle_timeout_seconds": s.idle_timeout_seconds,
+        "created_at": ms_to_rfc3339(s.created_at_ms),
+        "last_used_at": ms_to_rfc3339(s.last_used_at_ms),
+        "expires_at": ms_to_rfc3339(s.expires_at_ms),
+        "workspace": {
+            "path": s.workspace_path,
+            "bytes_used": s.workspace_bytes_used,
+            "bytes_limit": s.workspace_bytes_limit,
+            "files_used": s.workspace_files_used,
+            "files_limit": s.workspace_files_limit,
+        },
+        "calls_running": s.calls_running,
+    })
+}
+
+async fn session(conn: &Conn, action: SessionAction) -> Result<i32, CliError> {
+    let mut client = connect(&conn.addr).await?;
+    match action {
+        SessionAction::Create {
+            id,
+            approval_mode,
+            idle_timeout,
+        } => {
+            let mode = match approval_mode {
+                None => pb::ApprovalMode::Unspecified,
+                Some(ModeArg::None) => pb::ApprovalMode::None,
+                Some(ModeArg::Safe) => pb::ApprovalMode::Safe,
+                Some(ModeArg::All) => pb::ApprovalMode::All,
+            };
+            let s = client
+                .create_session(pb::CreateSessionRequest {
+                    session_id: id,
+                    approval_mode: mode as i32,
+                    idle_timeout_seconds: idle_timeout,
+                })
+                .await?
+                .into_inner();
+            println!("{}", s.session_id);
+        }
+        SessionAction::List => {
+            let sessions = client
+                .list_sessions(pb::ListSessionsRequest {})
+                .await?
+                .into_inner()
+                .sessions;
+            println!(
+                "{:<36} {:<5} {:>7} {:>12} {:>8}  EXPIRES",
+                "SESSION", "MODE", "CALLS", "USED", "FILES"
+            );
+            for s in &sessions {
+                println!(
+                    "{:<36} {:<5} {:>7} {:>10}Ki {:>8}  {}",
+                    s.session_id,
+                    mode_name(s.approval_mode),
+                    s.calls_running,
+                    s.workspace_bytes_used / 1024,
+                    s.workspace_files_used,
+                    ms_to_rfc3339(s.expires_at_ms)
+                );
+            }
+        }
+        SessionAction::Get { id } => {
+            let s = client
+                .get_session(pb::GetSessionRequest { session_id: id })
+                .await?
+                .into_inner();
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&session_json(&s)).expect("json")
+            );
+        }
+        SessionAction::Close { id } => {
+            let r = client
+                .close_session(pb::CloseSessionRequest { session_id: id })
+                .await?
+                .into_inner();
+            let id = r.session.map(|s| s.session_id).unwrap_or_default();
+            println!(
+                "closed {id} ({} running calls cancelled)",
+                r.calls_cancelled
+            );
+        }
+    }
+    Ok(0)
+}
+
+fn approval_json(a: &pb::Approval) -> Value {
+    json!({
+        "approval_id": a.approval_id,
+        "session_id": a.session_id,
+        "call_id": a.call_id,
+        "tool": a.tool,
+        "kind": enum_name(pb::ApprovalKind::try_from(a.kind).ok().map(|c| c.as_str_name()), "APPROVAL_KIND_"),
+        "arguments": serde_json::from_str::<Value>(&a.arguments_json).unwrap_or(Value::Null),
+        "reason": a.reason,
+        "requested_at": ms_to_rfc3339(a.requested_at_ms),
+        "expires_at": ms_to_rfc3339(a.expires_at_ms),
+    })
+}
+
+fn print_approval(a: &pb::Approval, as_json: bool) {
+    if as_json {
+        println!("{}", approval_json(a));
+        return;
+    }
+    let kind = enum_name(
+        pb::ApprovalKind::try_from(a.kind)
+            .ok()
+            .map(|c| c.as_str_name()),
+        "APPROVAL_KIND_",
+    );
+    println!(
+        "{}  {}  {} ({kind})  session {}  expires {}",
+        a.approval_id,
+        a.tool,
+        a.arguments_json,
+        a.session_id,
+        ms_to_rfc3339(a.expires_at_ms)
+    );
+    for line in a.reason.lines() {
+        println!("    {line}");
+    }
+}
+
+async fn approvals(
+    conn: &Conn,
+    session: String,
+    watch: bool,
+    as_json: bool,
+) -> Result<i32, CliError> {
+    let mut client = connect(&conn.addr).await?;
+    if !watch {
+        let list = client
+            .list_approvals(pb::ListApprovalsRequest {
+                session_id: session,
+            })
+            .await?
+            .into_inner()
+            .approvals;
+        if list.is_empty() && !as_json {
+            println!("no approvals pending");
+        }
+        for a in &list {
+            print_approval(a, as_json);
+        }
+        return Ok(0);
+    }
+    let mut stream = client
+        .watch_approvals(pb::WatchApprovalsRequest {
+            session_id: session,
+        })
+        .await?
+        .into_inner();
+    while let Some(a) = stream.message().await? {
+        print_approval(&a, as_json);
+        std::io::stdout().flush()?;
+    }
+    Ok(0)
+}
+
+async fn decide(
+    conn: &Conn,
+    approval_id: String,
+    approve: bool,
+    arguments_json: String,
+    message: String,
+) -> Result<i32, CliError> {
+    if !arguments_json.is_empty() {
+        let v: Value = serde_json::from_str(&arguments_json)
+            .map_err(|e| CliError::Usage(format!("--args is not JSON: {e}")))?;
+        if !v.is_object() {
+            return Err(CliError::Usage("--args must be a JSON object".into()));
+        }
+    }
+    let mut client = connect(&conn.addr).await?;
+    let r = client
+        .decide_approval(pb::DecideApprovalRequest {
+            approval_id,
+            approve,
+            arguments_json,
+            message,
+        })
+        .await?
+        .into_inner();
+    let a = r.approval.unwrap_or_default();
+    println!(
+        "{} {} ({} in session {})",
+        if r.approved { "approved" } else { "denied" },
+        a.approval_id,
+        a.tool,
+        a.session_id
+    );
+    Ok(0)
+}
+
+async fn run_streaming(addr: &str, arguments: Value, session_id: String) -> Result<i32, CliError> {
     let mut client = connect(addr).await?;
     let mut stream = client
         .stream_tool(pb::CallToolRequest {
@@ -293,7 +672,7 @@ async fn run_streaming(addr: &str, arguments: Value) -> Result<i32, CliError> {
             tool: "run_code".into(),
             arguments_json: arguments.to_string(),
             timeout_ms: 0,
-            session_id: String::new(),
+            session_id,
         })
         .await?
         .into_inner();
@@ -309,6 +688,7 @@ async fn run_streaming(addr: &str, arguments: Value) -> Result<i32, CliError> {
                 stderr.write_all(&c.data)?;
                 stderr.flush()?;
             }
+            Some(pb::tool_event::Event::Approval(a)) => print_approval_notice(&a),
             Some(pb::tool_event::Event::Result(r)) => {
                 if r.ok {
                     return Ok(0);

@@ -13,6 +13,8 @@ use toolrun_crd::labels::is_dns_label;
 pub const MIN_TIMEOUT_MS: u64 = 100;
 /// Largest per-tool timeout (seed 000).
 pub const MAX_TIMEOUT_MS: u64 = 60_000;
+/// Largest timeout of the `shell` tool (seed 002: commands may run for minutes).
+pub const MAX_SHELL_TIMEOUT_MS: u64 = 600_000;
 /// Default per-tool timeout (seed 000).
 pub const DEFAULT_TIMEOUT_MS: u64 = 5_000;
 
@@ -55,6 +57,113 @@ pub struct Config {
     pub sandbox: SandboxConfig,
     /// Per-tool settings, keyed by tool id.
     pub tools: BTreeMap<String, ToolConfig>,
+    /// Sessions, workspaces and approvals.
+    pub sessions: SessionsConfig,
+}
+
+/// Approval modes of a session (seed 001's names).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ApprovalMode {
+    /// Every call that can need approval asks (read-only tools included).
+    None,
+    /// Read-only tools run; the rest ask as their policy says.
+    #[default]
+    Safe,
+    /// Nothing asks.
+    All,
+}
+
+impl ApprovalMode {
+    /// The mode's name, as in the configuration and the CLI.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalMode::None => "none",
+            ApprovalMode::Safe => "safe",
+            ApprovalMode::All => "all",
+        }
+    }
+}
+
+/// Settings of sessions (`sessions`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionsConfig {
+    /// Sessions open at once (1..=4096).
+    pub max_sessions: usize,
+    /// A session expires after this long without a call, seconds (default 1800).
+    pub idle_timeout_seconds: u64,
+    /// Largest idle timeout a caller may ask for, seconds (default a week).
+    pub max_idle_timeout_seconds: u64,
+    /// Size of each workspace, MiB (a size-capped filesystem of its own; default 1024).
+    pub workspace_size_mb: u64,
+    /// Files (inodes) each workspace may hold (default 100,000).
+    pub workspace_max_files: u64,
+    /// Largest file one file-tool call reads or writes, bytes (default 16 MiB).
+    pub max_file_bytes: u64,
+    /// Approval mode of sessions created without one.
+    pub default_approval_mode: ApprovalMode,
+    /// How long a call waits for its approval, seconds (default 300; never past the
+    /// caller's deadline).
+    pub approval_timeout_seconds: u64,
+}
+
+impl Default for SessionsConfig {
+    fn default() -> Self {
+        SessionsConfig {
+            max_sessions: 256,
+            idle_timeout_seconds: 1800,
+            max_idle_timeout_seconds: 7 * 24 * 3600,
+            workspace_size_mb: 1024,
+            workspace_max_files: 100_000,
+            max_file_bytes: 16 * 1024 * 1024,
+            default_approval_mode: ApprovalMode::Safe,
+            approval_timeout_seconds: 300,
+        }
+    }
+}
+
+impl SessionsConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let checks: [(&str, u64, u64, u64); 7] = [
+            ("max_sessions", self.max_sessions as u64, 1, 4_096),
+            (
+                "idle_timeout_seconds",
+                self.idle_timeout_seconds,
+                10,
+                self.max_idle_timeout_seconds,
+            ),
+            (
+                "max_idle_timeout_seconds",
+                self.max_idle_timeout_seconds,
+                10,
+                30 * 24 * 3600,
+            ),
+            ("workspace_size_mb", self.workspace_size_mb, 16, 1024 * 1024),
+            (
+                "workspace_max_files",
+                self.workspace_max_files,
+                128,
+                100_000_000,
+            ),
+            ("max_file_bytes", self.max_file_bytes, 1024, 1 << 30),
+            (
+                "approval_timeout_seconds",
+                self.approval_timeout_seconds,
+                1,
+                24 * 3600,
+            ),
+        ];
+        for (name, value, lo, hi) in checks {
+            if !(lo..=hi).contains(&value) {
+                return Err(ConfigError::Invalid {
+                    key: format!("sessions.{name}"),
+                    message: format!("{value} is out of range {lo}..={hi}"),
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Per-tool settings.
@@ -369,6 +478,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.sandbox.limits.validate("sandbox.limits")?;
         self.sandbox.kubernetes.validate("sandbox.kubernetes")?;
+        self.sessions.validate()?;
         if self.sandbox.max_concurrent_runs == Some(0) {
             return Err(ConfigError::Invalid {
                 key: "sandbox.max_concurrent_runs".into(),
@@ -383,12 +493,17 @@ impl Config {
             });
         }
         for (id, tool) in &self.tools {
+            let max = if id == "shell" {
+                MAX_SHELL_TIMEOUT_MS
+            } else {
+                MAX_TIMEOUT_MS
+            };
             if let Some(t) = tool.timeout_ms
-                && !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&t)
+                && !(MIN_TIMEOUT_MS..=max).contains(&t)
             {
                 return Err(ConfigError::Invalid {
                     key: format!("tools.{id}.timeout_ms"),
-                    message: format!("{t} is out of range {MIN_TIMEOUT_MS}..={MAX_TIMEOUT_MS}"),
+                    message: format!("{t} is out of range {MIN_TIMEOUT_MS}..={max}"),
                 });
             }
             if tool.limits.is_some() {

@@ -37,6 +37,26 @@ pub enum ErrorCode {
     Cancelled,
     /// A bug in toolrun (a tool panicked, an output failed its schema).
     Internal,
+    /// No open session has the call's session_id.
+    SessionNotFound,
+    /// The approver denied the call (their message says why).
+    ApprovalDenied,
+    /// The destination exists (move_file without overwrite).
+    AlreadyExists,
+    /// A path that must be a directory is not.
+    NotADirectory,
+    /// A path that must be a file is a directory.
+    IsADirectory,
+    /// edit: old_string does not occur in the file.
+    NoMatch,
+    /// edit: old_string occurs more than once and replace_all is false.
+    AmbiguousMatch,
+    /// The workspace is full (bytes or files).
+    QuotaExceeded,
+    /// The caller is not authenticated.
+    Unauthenticated,
+    /// The caller may not use this tool or session.
+    Forbidden,
 }
 
 impl ErrorCode {
@@ -59,6 +79,16 @@ impl ErrorCode {
             ErrorCode::MathError => "MATH_ERROR",
             ErrorCode::Cancelled => "CANCELLED",
             ErrorCode::Internal => "INTERNAL",
+            ErrorCode::SessionNotFound => "SESSION_NOT_FOUND",
+            ErrorCode::ApprovalDenied => "APPROVAL_DENIED",
+            ErrorCode::AlreadyExists => "ALREADY_EXISTS",
+            ErrorCode::NotADirectory => "NOT_A_DIRECTORY",
+            ErrorCode::IsADirectory => "IS_A_DIRECTORY",
+            ErrorCode::NoMatch => "NO_MATCH",
+            ErrorCode::AmbiguousMatch => "AMBIGUOUS_MATCH",
+            ErrorCode::QuotaExceeded => "QUOTA_EXCEEDED",
+            ErrorCode::Unauthenticated => "UNAUTHENTICATED",
+            ErrorCode::Forbidden => "FORBIDDEN",
         }
     }
 }

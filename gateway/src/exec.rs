@@ -12,11 +12,22 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::approval::{ApprovalInfo, Approvals, DecideError, Decision, WaitOutcome};
 use crate::canonical::{blake3_hex, canonical_with_hash};
+use crate::config::ApprovalMode;
 use crate::error::{ErrorCode, ToolError};
 use crate::metrics::{CallLabels, Metrics, ToolLabels};
 use crate::registry::{Entry, Registry};
-use crate::tool::{CallContext, StreamChunk};
+use crate::session::{SessionError, SessionManager};
+use crate::tool::{CallContext, StreamChunk, plain_ask};
+
+/// Buffered live events per streaming call; a slow reader loses output chunks (the final
+/// result still carries the captured output) rather than stalling the sandbox.
+pub const STREAM_BUFFER: usize = 256;
+
+/// Most approval rounds for one call (modified arguments that need a stronger approval
+/// ask again).
+const MAX_APPROVAL_ROUNDS: usize = 3;
 
 /// Extra time a sandboxed tool gets past its own deadline to report a TIMEOUT result
 /// with the output it captured, before the executor gives up on it.
@@ -70,6 +81,92 @@ pub struct Executor {
     metrics: Arc<Metrics>,
     /// How long past its deadline a sandboxed tool may take to report.
     sandbox_grace: Duration,
+    sessions: Option<Arc<SessionManager>>,
+    approvals: Arc<Approvals>,
+}
+
+/// What a started call reports: live output and approvals, then its outcome.
+#[derive(Debug)]
+pub enum CallEvent {
+    /// Live output, or the approval the call waits for.
+    Chunk(StreamChunk),
+    /// The call's result (always the last event).
+    Done(CallOutcome),
+}
+
+/// A call started by [`Executor::start`]. Dropping it cancels the call (which kills its
+/// sandbox): every front door gets "client gone = call cancelled" from here.
+pub struct CallHandle {
+    events: Option<mpsc::Receiver<StreamChunk>>,
+    done: Option<tokio::sync::oneshot::Receiver<CallOutcome>>,
+    call_id: String,
+    tool: String,
+    _cancel: tokio_util::sync::DropGuard,
+}
+
+impl CallHandle {
+    /// The call's id (the caller's, or the one the gateway made).
+    pub fn call_id(&self) -> &str {
+        &self.call_id
+    }
+
+    /// The next event; `None` after [`CallEvent::Done`].
+    pub async fn next(&mut self) -> Option<CallEvent> {
+        let done = self.done.as_mut()?;
+        if let Some(rx) = self.events.as_mut() {
+            tokio::select! {
+                biased;
+                chunk = rx.recv() => match chunk {
+                    Some(c) => return Some(CallEvent::Chunk(c)),
+                    None => self.events = None,
+                },
+                _ = &mut *done => {}
+            }
+            // The call ended: chunks it sent just before come first.
+            if let Some(rx) = self.events.as_mut()
+                && let Ok(c) = rx.try_recv()
+            {
+                return Some(CallEvent::Chunk(c));
+            }
+        }
+        let done = self.done.take()?;
+        Some(CallEvent::Done(match done.await {
+            Ok(o) => o,
+            // The executor catches tool panics; this is a bug in toolrun itself.
+            Err(_) => CallOutcome {
+                call_id: self.call_id.clone(),
+                tool: self.tool.clone(),
+                output_json: None,
+                output_hash: String::new(),
+                error: Some(ToolError::new(
+                    ErrorCode::Internal,
+                    "the call's task ended without a result",
+                )),
+                duration: Duration::ZERO,
+            },
+        }))
+    }
+
+    /// Waits for the outcome, ignoring live events.
+    pub async fn outcome(mut self) -> CallOutcome {
+        self.events = None;
+        loop {
+            if let Some(CallEvent::Done(o)) = self.next().await {
+                return o;
+            }
+        }
+    }
+}
+
+/// Why a decision on an approval was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum DecideFailure {
+    /// No pending approval has that id.
+    #[error(transparent)]
+    NotFound(#[from] DecideError),
+    /// The modified arguments are not valid for the tool.
+    #[error("{0}")]
+    InvalidArguments(String),
 }
 
 impl Executor {
@@ -79,7 +176,106 @@ impl Executor {
             registry,
             metrics,
             sandbox_grace: SANDBOX_GRACE,
+            sessions: None,
+            approvals: Arc::new(Approvals::new()),
         }
+    }
+
+    /// Serves sessions from `sessions` (and approvals from its table).
+    pub fn with_sessions(mut self, sessions: Arc<SessionManager>) -> Self {
+        self.approvals = sessions.approvals().clone();
+        self.sessions = Some(sessions);
+        self
+    }
+
+    /// Serves sessions from `sessions` when given.
+    pub fn with_sessions_opt(self, sessions: Option<Arc<SessionManager>>) -> Self {
+        match sessions {
+            Some(s) => self.with_sessions(s),
+            None => self,
+        }
+    }
+
+    /// The session manager, when sessions are served.
+    pub fn sessions(&self) -> Option<&Arc<SessionManager>> {
+        self.sessions.as_ref()
+    }
+
+    /// The pending approvals.
+    pub fn approvals(&self) -> &Arc<Approvals> {
+        &self.approvals
+    }
+
+    /// Starts one call on its own task; the handle streams its events (when `stream`)
+    /// and its outcome. `parent` cancels it (server shutdown); so does dropping the handle.
+    pub fn start(
+        self: &Arc<Self>,
+        mut req: CallRequest,
+        parent: &CancellationToken,
+        stream: bool,
+    ) -> CallHandle {
+        if req.call_id.is_empty() {
+            req.call_id = uuid::Uuid::new_v4().to_string();
+        }
+        let cancel = parent.child_token();
+        let (tx, rx) = if stream {
+            let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let handle = CallHandle {
+            events: rx,
+            done: Some(done_rx),
+            call_id: req.call_id.clone(),
+            tool: req.tool.clone(),
+            _cancel: cancel.clone().drop_guard(),
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            let outcome = this.call(req, tx, cancel).await;
+            let _ = done_tx.send(outcome);
+        });
+        handle
+    }
+
+    /// Decides a pending approval. Modified arguments must pass the tool's input schema
+    /// (else the approval stays pending and the approver is told why); the call checks
+    /// them again, and asks anew if they need a stronger approval.
+    pub fn decide(
+        &self,
+        approval_id: &str,
+        approve: bool,
+        arguments_json: &str,
+        message: &str,
+    ) -> Result<ApprovalInfo, DecideFailure> {
+        let decision = if approve {
+            let arguments = if arguments_json.trim().is_empty() {
+                None
+            } else {
+                let info = self
+                    .approvals
+                    .get(approval_id)
+                    .ok_or_else(|| DecideError::NotFound(approval_id.to_string()))?;
+                let args = parse_arguments(arguments_json)
+                    .map_err(|e| DecideFailure::InvalidArguments(e.message))?;
+                if let Some(entry) = self.registry.get(&info.tool) {
+                    validate(&entry.validator, &args)
+                        .map_err(|e| DecideFailure::InvalidArguments(e.message))?;
+                }
+                Some(args)
+            };
+            Decision::Approve {
+                arguments,
+                message: message.to_string(),
+            }
+        } else {
+            Decision::Deny {
+                message: message.to_string(),
+            }
+        };
+        Ok(self.approvals.decide(approval_id, decision)?)
     }
 
     /// Gives sandboxed tools `start_allowance` more before the executor gives up on
@@ -113,13 +309,14 @@ impl Executor {
         } else {
             req.call_id.clone()
         };
+        let call_id = call_id.as_str();
         let args_hash = blake3_hex(req.arguments_json.as_bytes());
         let (tool, result) = match self.registry.get(&req.tool) {
             None => (req.tool.clone(), Err(self.unknown_tool(&req.tool))),
             Some(entry) => {
                 let entry = entry.clone();
                 let result = self
-                    .run_entry(&entry, &req, &call_id, start, stream, cancel)
+                    .run_entry(&entry, &req, call_id, start, stream, cancel)
                     .await;
                 (entry.id().to_string(), result)
             }
@@ -162,7 +359,7 @@ impl Executor {
             .get_or_create(&ToolLabels { tool: tool.clone() })
             .observe(duration.as_secs_f64());
         CallOutcome {
-            call_id,
+            call_id: call_id.to_string(),
             tool,
             output_json,
             output_hash,
@@ -203,20 +400,69 @@ impl Executor {
                 format!("tool {:?} requires capability {cap:?}", meta.id),
             ));
         }
-        let args = parse_arguments(&req.arguments_json)?;
+        let mut args = parse_arguments(&req.arguments_json)?;
         validate(&entry.validator, &args)?;
 
-        let mut timeout = entry.timeout;
-        if req.timeout_ms > 0 {
-            timeout = timeout.min(Duration::from_millis(u64::from(req.timeout_ms)));
-        }
-        let ctx = CallContext {
+        // The session: an unknown id is a typed result, never a silent creation. Closing
+        // the session cancels the call.
+        let session = match req.session_id.as_str() {
+            "" => None,
+            id => Some(self.session(id)?),
+        };
+        let _in_session = session.as_ref().map(|s| s.begin_call());
+        let cancel = match &session {
+            None => cancel,
+            Some(s) => {
+                let linked = CancellationToken::new();
+                let (a, b, c) = (cancel, s.cancel.clone(), linked.clone());
+                tokio::spawn(async move {
+                    tokio::select! {
+                        _ = a.cancelled() => {}
+                        _ = b.cancelled() => {}
+                        _ = c.cancelled() => {}
+                    }
+                    c.cancel();
+                });
+                linked
+            }
+        };
+        let _unlink = cancel.clone().drop_guard();
+        // The caller's own bound (its deadline or timeout_ms), which approvals wait within.
+        let caller_deadline =
+            (req.timeout_ms > 0).then(|| start + Duration::from_millis(u64::from(req.timeout_ms)));
+        let mut ctx = CallContext {
             call_id: call_id.to_string(),
             session_id: req.session_id.clone(),
-            deadline: start + timeout,
+            deadline: start + entry.timeout,
             cancel: cancel.clone(),
             stream,
+            session: session.clone(),
         };
+        let approved = match &session {
+            Some(s) => {
+                let (final_args, note) = self
+                    .approval_gate(entry, s.approval_mode, args, &ctx, caller_deadline)
+                    .await?;
+                args = final_args;
+                note
+            }
+            None => None,
+        };
+
+        // The tool's timeout starts once it may run (after any approval).
+        let run_start = Instant::now();
+        let mut timeout = entry.timeout;
+        if let Some(d) = caller_deadline {
+            timeout = timeout.min(d.saturating_duration_since(run_start));
+            if timeout.is_zero() {
+                return Err(ToolError::new(
+                    ErrorCode::Timeout,
+                    "the caller's deadline passed while the call waited for approval",
+                ));
+            }
+        }
+        ctx.deadline = run_start + timeout;
+        let start = run_start;
         let backstop = if meta.sandbox_required {
             timeout + self.sandbox_grace
         } else {
@@ -264,7 +510,156 @@ impl Executor {
                 ),
             ));
         }
+        let mut value = value;
+        // The model learns that its arguments were changed, and to what.
+        if let (Some(note), Value::Object(map)) = (approved, &mut value) {
+            map.insert("approval".into(), note);
+        }
         Ok(value)
+    }
+
+    fn session(&self, id: &str) -> Result<Arc<crate::session::Session>, ToolError> {
+        let Some(mgr) = &self.sessions else {
+            return Err(ToolError::new(
+                ErrorCode::SessionNotFound,
+                format!("no session {id:?}: this gateway serves no sessions"),
+            ));
+        };
+        mgr.get(id).map_err(|e| match e {
+            SessionError::NotFound(_) => ToolError::new(ErrorCode::SessionNotFound, e.to_string()),
+            other => ToolError::new(ErrorCode::Internal, other.to_string()),
+        })
+    }
+
+    /// Asks for approval when the session's mode and the tool's policy say so, and waits
+    /// for the decision (within the approval timeout and the caller's deadline). Returns
+    /// the arguments to run with and, when the approver changed them or left a message,
+    /// a note for the result.
+    async fn approval_gate(
+        &self,
+        entry: &Arc<Entry>,
+        mode: ApprovalMode,
+        mut args: Value,
+        ctx: &CallContext,
+        caller_deadline: Option<Instant>,
+    ) -> Result<(Value, Option<Value>), ToolError> {
+        let meta = entry.tool.metadata();
+        let mut approved_kind = None;
+        let mut note: Option<Value> = None;
+        for _ in 0..MAX_APPROVAL_ROUNDS {
+            let ask = match mode {
+                ApprovalMode::All => None,
+                ApprovalMode::Safe => entry.tool.approval(&args, ctx).await?,
+                ApprovalMode::None => Some(
+                    entry
+                        .tool
+                        .approval(&args, ctx)
+                        .await?
+                        .unwrap_or_else(|| plain_ask(meta, &args)),
+                ),
+            };
+            let Some(ask) = ask else {
+                return Ok((args, note));
+            };
+            // Arguments the approver wrote need no fresh approval unless they ask for more.
+            if approved_kind.is_some_and(|k| ask.kind <= k) {
+                return Ok((args, note));
+            }
+            let kind = ask.kind;
+            let timeout = Duration::from_secs(
+                self.sessions
+                    .as_ref()
+                    .map_or(300, |m| m.config().approval_timeout_seconds),
+            );
+            let mut deadline = Instant::now() + timeout;
+            if let Some(d) = caller_deadline {
+                deadline = deadline.min(d);
+            }
+            let waiter = self.approvals.ask(
+                &ctx.session_id,
+                &ctx.call_id,
+                meta.id,
+                &args,
+                ask,
+                deadline.saturating_duration_since(Instant::now()),
+            );
+            if let Some(tx) = &ctx.stream {
+                let _ = tx
+                    .send(StreamChunk::Approval(Box::new(waiter.info().clone())))
+                    .await;
+            }
+            let approval_id = waiter.info().approval_id.clone();
+            match waiter.wait(deadline, &ctx.cancel).await {
+                WaitOutcome::Decided(Decision::Deny { message }) => {
+                    return Err(ToolError::new(
+                        ErrorCode::ApprovalDenied,
+                        if message.is_empty() {
+                            "the approver denied this call".to_string()
+                        } else {
+                            format!("the approver denied this call: {message}")
+                        },
+                    )
+                    .with_details(json!({ "approval_id": approval_id, "message": message })));
+                }
+                WaitOutcome::Decided(Decision::Approve { arguments, message }) => {
+                    approved_kind = Some(kind);
+                    let mut n = serde_json::Map::new();
+                    n.insert("approvalId".into(), json!(approval_id));
+                    if !message.is_empty() {
+                        n.insert("message".into(), json!(message));
+                    }
+                    match arguments {
+                        Some(new) if new != args => {
+                            validate(&entry.validator, &new)?;
+                            n.insert("argumentsModified".into(), json!(true));
+                            n.insert("arguments".into(), new.clone());
+                            args = new;
+                            note = Some(Value::Object(n));
+                            // The changed call may need a stronger approval: ask again.
+                            continue;
+                        }
+                        _ => {
+                            if n.len() > 1 || note.is_some() {
+                                let mut merged = note
+                                    .and_then(|v| v.as_object().cloned())
+                                    .unwrap_or_default();
+                                merged.extend(n);
+                                note = Some(Value::Object(merged));
+                            }
+                            return Ok((args, note));
+                        }
+                    }
+                }
+                WaitOutcome::TimedOut => {
+                    return Err(ToolError::new(
+                        ErrorCode::ApprovalRequired,
+                        format!(
+                            "{} needs approval and none was given in time (approval {approval_id}); \
+                             ask the user to approve it (toolrun approvals) and call again",
+                            meta.id
+                        ),
+                    )
+                    .with_details(json!({ "approval_id": approval_id })));
+                }
+                WaitOutcome::Cancelled => {
+                    return Err(ToolError::new(
+                        ErrorCode::Cancelled,
+                        if ctx.session.as_ref().is_some_and(|s| s.is_closed()) {
+                            "the session was closed while the call waited for approval"
+                        } else {
+                            "the call was cancelled while it waited for approval"
+                        },
+                    ));
+                }
+            }
+        }
+        Err(ToolError::new(
+            ErrorCode::ApprovalRequired,
+            format!(
+                "{} was modified more than {MAX_APPROVAL_ROUNDS} times during approval",
+                meta.id
+            ),
+        ))
     }
 }
 

@@ -1,7 +1,10 @@
-//! `toolrun.v1.ToolService` over the executor.
+//! `toolrun.v1.ToolService`: a thin adapter over the executor ([`Executor::start`] runs,
+//! streams and cancels every call), the session manager and the approvals table.
 //!
 //! Tool failures are results (`ok = false` with a typed code); RPC statuses are for the
-//! transport only: `resource_exhausted` (oversize batch), `unavailable` (shutting down).
+//! transport: `resource_exhausted` (oversize batch, too many sessions), `deadline_exceeded`
+//! (a zero deadline); and for the session and approval RPCs, which are not tool calls:
+//! `not_found`, `already_exists`, `invalid_argument`, `failed_precondition` (no sessions).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,17 +17,16 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use toolrun_proto::v1 as pb;
 
+use crate::approval::{ApprovalInfo, ApprovalKind};
+use crate::config::ApprovalMode;
 use crate::error::ErrorCode;
-use crate::exec::{CallOutcome, CallRequest, Executor};
+use crate::exec::{CallEvent, CallOutcome, CallRequest, DecideFailure, Executor};
 use crate::registry::{Format, render};
+use crate::session::{CreateSession, Session, SessionError, SessionManager};
 use crate::tool::{Category, Determinism, SideEffect, StreamChunk};
 
 /// Most calls in one `CallTools` request.
 pub const MAX_BATCH: usize = 256;
-
-/// Buffered live-output chunks per streaming call; a slow reader loses chunks (the final
-/// result still carries the captured output) rather than stalling the sandbox.
-const STREAM_BUFFER: usize = 256;
 
 /// The ToolService implementation.
 #[derive(Clone)]
@@ -82,34 +84,78 @@ impl ToolService {
         })
     }
 
-    /// Runs one call on its own task. If the RPC is dropped (client gone, deadline), the
-    /// guard cancels the call, which kills its sandbox.
-    async fn run(
-        &self,
-        req: CallRequest,
-        stream: Option<mpsc::Sender<StreamChunk>>,
-    ) -> CallOutcome {
-        let cancel = self.hard_stop.child_token();
-        let _guard = cancel.clone().drop_guard();
-        let executor = self.executor.clone();
-        let tool = req.tool.clone();
-        let call_id = req.call_id.clone();
-        let task = tokio::spawn(async move { executor.call(req, stream, cancel).await });
-        match task.await {
-            Ok(outcome) => outcome,
-            // The executor catches tool panics; this is a bug in toolrun itself.
-            Err(e) => CallOutcome {
-                call_id,
-                tool,
-                output_json: None,
-                output_hash: String::new(),
-                error: Some(crate::error::ToolError::new(
-                    ErrorCode::Internal,
-                    format!("call task failed: {e}"),
-                )),
-                duration: Duration::ZERO,
-            },
-        }
+    /// Runs one call to its outcome; dropping this future (client gone, deadline) drops
+    /// the handle, which cancels the call and kills its sandbox.
+    async fn run(&self, req: CallRequest) -> CallOutcome {
+        self.executor
+            .start(req, &self.hard_stop, false)
+            .outcome()
+            .await
+    }
+
+    fn sessions(&self) -> Result<&Arc<SessionManager>, Status> {
+        self.executor.sessions().ok_or_else(|| {
+            Status::failed_precondition(
+                "this gateway serves no sessions (started without a state dir)",
+            )
+        })
+    }
+}
+
+fn session_status(e: SessionError) -> Status {
+    match e {
+        SessionError::NotFound(_) => Status::not_found(e.to_string()),
+        SessionError::AlreadyExists(_) => Status::already_exists(e.to_string()),
+        SessionError::Invalid(_) => Status::invalid_argument(e.to_string()),
+        SessionError::TooMany(_) => Status::resource_exhausted(e.to_string()),
+        SessionError::Storage(_) => Status::internal(e.to_string()),
+    }
+}
+
+/// The wire form of a session.
+pub fn session_proto(s: &Session) -> pb::Session {
+    let usage = s.usage();
+    pb::Session {
+        session_id: s.id.clone(),
+        approval_mode: mode_proto(s.approval_mode) as i32,
+        idle_timeout_seconds: s.idle_timeout.as_secs() as u32,
+        created_at_ms: SessionManager::unix_ms(s.created_at),
+        last_used_at_ms: SessionManager::unix_ms(s.last_used()),
+        expires_at_ms: SessionManager::unix_ms(s.expires_at()),
+        workspace_bytes_used: usage.bytes_used,
+        workspace_bytes_limit: usage.bytes_limit,
+        workspace_files_used: usage.files_used,
+        workspace_files_limit: usage.files_limit,
+        calls_running: s.calls_running(),
+        workspace_path: crate::session::WORKSPACE_IN_SANDBOX.into(),
+    }
+}
+
+fn mode_proto(m: ApprovalMode) -> pb::ApprovalMode {
+    match m {
+        ApprovalMode::None => pb::ApprovalMode::None,
+        ApprovalMode::Safe => pb::ApprovalMode::Safe,
+        ApprovalMode::All => pb::ApprovalMode::All,
+    }
+}
+
+/// The wire form of an approval.
+pub fn approval_proto(a: &ApprovalInfo) -> pb::Approval {
+    pb::Approval {
+        approval_id: a.approval_id.clone(),
+        session_id: a.session_id.clone(),
+        call_id: a.call_id.clone(),
+        tool: a.tool.clone(),
+        arguments_json: a.arguments_json.clone(),
+        reason: a.reason.clone(),
+        kind: match a.kind {
+            ApprovalKind::Read => pb::ApprovalKind::Read,
+            ApprovalKind::Write => pb::ApprovalKind::Write,
+            ApprovalKind::Execute => pb::ApprovalKind::Execute,
+            ApprovalKind::Destructive => pb::ApprovalKind::Destructive,
+        } as i32,
+        requested_at_ms: SessionManager::unix_ms(a.requested_at),
+        expires_at_ms: SessionManager::unix_ms(a.expires_at),
     }
 }
 
@@ -165,6 +211,16 @@ pub fn error_code(c: ErrorCode) -> pb::ErrorCode {
         ErrorCode::MathError => P::MathError,
         ErrorCode::Cancelled => P::Cancelled,
         ErrorCode::Internal => P::Internal,
+        ErrorCode::SessionNotFound => P::SessionNotFound,
+        ErrorCode::ApprovalDenied => P::ApprovalDenied,
+        ErrorCode::AlreadyExists => P::AlreadyExists,
+        ErrorCode::NotADirectory => P::NotADirectory,
+        ErrorCode::IsADirectory => P::IsADirectory,
+        ErrorCode::NoMatch => P::NoMatch,
+        ErrorCode::AmbiguousMatch => P::AmbiguousMatch,
+        ErrorCode::QuotaExceeded => P::QuotaExceeded,
+        ErrorCode::Unauthenticated => P::Unauthenticated,
+        ErrorCode::Forbidden => P::Forbidden,
     }
 }
 
@@ -209,6 +265,7 @@ fn definition(entry: &crate::registry::Entry, format: Option<Format>) -> pb::Too
         approval_policy: match m.approval {
             crate::tool::ApprovalPolicy::Never => pb::ApprovalPolicy::Never,
             crate::tool::ApprovalPolicy::Always => pb::ApprovalPolicy::Always,
+            crate::tool::ApprovalPolicy::Conditional => pb::ApprovalPolicy::Conditional,
         } as i32,
         timeout_ms: entry.timeout.as_millis() as u32,
         required_capabilities: m
@@ -224,6 +281,7 @@ fn definition(entry: &crate::registry::Entry, format: Option<Format>) -> pb::Too
 }
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<pb::ToolEvent, Status>> + Send>>;
+type ApprovalStream = Pin<Box<dyn Stream<Item = Result<pb::Approval, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl pb::tool_service_server::ToolService for ToolService {
@@ -254,7 +312,7 @@ impl pb::tool_service_server::ToolService for ToolService {
         // Moved, not cloned: arguments can be megabytes.
         let deadline = grpc_timeout(&request);
         let call = Self::call_request(deadline, request.into_inner())?;
-        let outcome = self.run(call, None).await;
+        let outcome = self.run(call).await;
         Ok(Response::new(pb::CallToolResponse {
             result: Some(to_proto(outcome)),
         }))
@@ -277,7 +335,7 @@ impl pb::tool_service_server::ToolService for ToolService {
             .into_iter()
             .map(|c| Self::call_request(deadline, c))
             .collect::<Result<_, _>>()?;
-        let results = futures::future::join_all(calls.into_iter().map(|c| self.run(c, None))).await;
+        let results = futures::future::join_all(calls.into_iter().map(|c| self.run(c))).await;
         Ok(Response::new(pb::CallToolsResponse {
             results: results.into_iter().map(to_proto).collect(),
         }))
@@ -291,35 +349,182 @@ impl pb::tool_service_server::ToolService for ToolService {
     ) -> Result<Response<Self::StreamToolStream>, Status> {
         let deadline = grpc_timeout(&request);
         let call = Self::call_request(deadline, request.into_inner())?;
-        let (chunk_tx, mut chunk_rx) = mpsc::channel::<StreamChunk>(STREAM_BUFFER);
         let (event_tx, event_rx) = mpsc::channel::<Result<pb::ToolEvent, Status>>(16);
-        let this = self.clone();
+        let mut handle = self.executor.start(call, &self.hard_stop, true);
         tokio::spawn(async move {
-            let run = this.run(call, Some(chunk_tx));
-            tokio::pin!(run);
-            let outcome = loop {
-                tokio::select! {
-                    outcome = &mut run => break outcome,
-                    Some(chunk) = chunk_rx.recv() => {
-                        if event_tx.send(Ok(chunk_event(chunk))).await.is_err() {
-                            // The client is gone: dropping `run` cancels the call.
-                            return;
-                        }
-                    }
-                }
-            };
-            // Chunks sent just before the run ended.
-            while let Ok(chunk) = chunk_rx.try_recv() {
-                if event_tx.send(Ok(chunk_event(chunk))).await.is_err() {
+            while let Some(event) = handle.next().await {
+                let event = match event {
+                    CallEvent::Chunk(chunk) => chunk_event(chunk),
+                    CallEvent::Done(outcome) => pb::ToolEvent {
+                        event: Some(pb::tool_event::Event::Result(to_proto(outcome))),
+                    },
+                };
+                if event_tx.send(Ok(event)).await.is_err() {
+                    // The client is gone: dropping the handle cancels the call.
                     return;
                 }
             }
-            let result = pb::ToolEvent {
-                event: Some(pb::tool_event::Event::Result(to_proto(outcome))),
-            };
-            let _ = event_tx.send(Ok(result)).await;
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(event_rx))))
+    }
+
+    async fn create_session(
+        &self,
+        request: Request<pb::CreateSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let r = request.into_inner();
+        let approval_mode = match pb::ApprovalMode::try_from(r.approval_mode) {
+            Ok(pb::ApprovalMode::Unspecified) => None,
+            Ok(pb::ApprovalMode::None) => Some(ApprovalMode::None),
+            Ok(pb::ApprovalMode::Safe) => Some(ApprovalMode::Safe),
+            Ok(pb::ApprovalMode::All) => Some(ApprovalMode::All),
+            Err(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "unknown approval_mode {}; use NONE, SAFE or ALL",
+                    r.approval_mode
+                )));
+            }
+        };
+        let mgr = self.sessions()?.clone();
+        let req = CreateSession {
+            session_id: r.session_id,
+            approval_mode,
+            idle_timeout: (r.idle_timeout_seconds > 0)
+                .then(|| Duration::from_secs(u64::from(r.idle_timeout_seconds))),
+        };
+        // Making the workspace's filesystem blocks (mkfs, mount): off the runtime's threads.
+        let session = tokio::task::spawn_blocking(move || mgr.create(req))
+            .await
+            .map_err(|e| Status::internal(format!("create task: {e}")))?
+            .map_err(session_status)?;
+        Ok(Response::new(session_proto(&session)))
+    }
+
+    async fn get_session(
+        &self,
+        request: Request<pb::GetSessionRequest>,
+    ) -> Result<Response<pb::Session>, Status> {
+        let s = self
+            .sessions()?
+            .get(&request.get_ref().session_id)
+            .map_err(session_status)?;
+        Ok(Response::new(session_proto(&s)))
+    }
+
+    async fn list_sessions(
+        &self,
+        _request: Request<pb::ListSessionsRequest>,
+    ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let sessions = self
+            .sessions()?
+            .list()
+            .iter()
+            .map(|s| session_proto(s))
+            .collect();
+        Ok(Response::new(pb::ListSessionsResponse { sessions }))
+    }
+
+    async fn close_session(
+        &self,
+        request: Request<pb::CloseSessionRequest>,
+    ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let id = request.into_inner().session_id;
+        let (session, cancelled) = self
+            .sessions()?
+            .close(&id, "CloseSession")
+            .await
+            .map_err(session_status)?;
+        Ok(Response::new(pb::CloseSessionResponse {
+            session: Some(session_proto(&session)),
+            calls_cancelled: cancelled,
+        }))
+    }
+
+    async fn list_approvals(
+        &self,
+        request: Request<pb::ListApprovalsRequest>,
+    ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+        let session = &request.get_ref().session_id;
+        let approvals = self
+            .executor
+            .approvals()
+            .list((!session.is_empty()).then_some(session.as_str()))
+            .iter()
+            .map(approval_proto)
+            .collect();
+        Ok(Response::new(pb::ListApprovalsResponse { approvals }))
+    }
+
+    type WatchApprovalsStream = ApprovalStream;
+
+    async fn watch_approvals(
+        &self,
+        request: Request<pb::WatchApprovalsRequest>,
+    ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
+        let session = request.into_inner().session_id;
+        let filter = (!session.is_empty()).then_some(session);
+        let (pending, mut rx) = self.executor.approvals().watch(filter.as_deref());
+        let (tx, out) = mpsc::channel::<Result<pb::Approval, Status>>(64);
+        let stop = self.hard_stop.clone();
+        tokio::spawn(async move {
+            let mut sent = std::collections::HashSet::new();
+            for a in pending {
+                sent.insert(a.approval_id.clone());
+                if tx.send(Ok(approval_proto(&a))).await.is_err() {
+                    return;
+                }
+            }
+            loop {
+                let a = tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tx.closed() => return,
+                    r = rx.recv() => match r {
+                        Ok(a) => a,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                            tracing::warn!(missed = n, "approval watcher too slow");
+                            continue;
+                        }
+                        Err(_) => return,
+                    },
+                };
+                if filter.as_ref().is_some_and(|s| s != &a.session_id) {
+                    continue;
+                }
+                // Asked between subscribing and listing: already sent.
+                if sent.remove(&a.approval_id) {
+                    continue;
+                }
+                if tx.send(Ok(approval_proto(&a))).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(out))))
+    }
+
+    async fn decide_approval(
+        &self,
+        request: Request<pb::DecideApprovalRequest>,
+    ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
+        let r = request.into_inner();
+        if !r.approve && !r.arguments_json.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "arguments_json goes with approve = true only",
+            ));
+        }
+        let info = self
+            .executor
+            .decide(&r.approval_id, r.approve, &r.arguments_json, &r.message)
+            .map_err(|e| match e {
+                DecideFailure::NotFound(e) => Status::not_found(e.to_string()),
+                DecideFailure::InvalidArguments(m) => Status::invalid_argument(format!(
+                    "modified arguments rejected (the approval is still pending): {m}"
+                )),
+            })?;
+        Ok(Response::new(pb::DecideApprovalResponse {
+            approval: Some(approval_proto(&info)),
+            approved: r.approve,
+        }))
     }
 }
 
@@ -331,6 +536,7 @@ fn chunk_event(chunk: StreamChunk) -> pb::ToolEvent {
         StreamChunk::Stderr(s) => pb::tool_event::Event::Stderr(pb::OutputChunk {
             data: s.into_bytes(),
         }),
+        StreamChunk::Approval(a) => pb::tool_event::Event::Approval(approval_proto(&a)),
     };
     pb::ToolEvent { event: Some(event) }
 }

@@ -5,6 +5,7 @@
 //! (where untrusted code runs), then the servers and the CLI.
 
 pub mod admin;
+pub mod approval;
 pub mod bench;
 pub mod canonical;
 pub mod cli;
@@ -16,5 +17,6 @@ pub mod metrics;
 pub mod registry;
 pub mod sandbox;
 pub mod serve;
+pub mod session;
 pub mod tool;
 pub mod tools;

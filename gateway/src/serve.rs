@@ -13,6 +13,7 @@ use tonic::transport::server::TcpIncoming;
 use toolrun_proto::v1 as pb;
 
 use crate::admin::{self, AdminState};
+use crate::approval::Approvals;
 use crate::config::{BackendKind, Config, ConfigError, DEFAULT_KUBERNETES_CONCURRENT_RUNS};
 use crate::exec::Executor;
 use crate::grpc::ToolService;
@@ -20,7 +21,11 @@ use crate::metrics::Metrics;
 use crate::registry::RegistryError;
 use crate::sandbox::kubernetes::{KubeMetrics, StartError as KubeStartError};
 use crate::sandbox::{KubernetesSandbox, Sandbox, SandboxError};
-use crate::tools::{SANDBOXED_TOOLS, builtin_registry, inline_registry, run_code::SandboxPool};
+use crate::session::volume::VolumeKind;
+use crate::session::{SessionError, SessionManager};
+use crate::tools::{
+    SANDBOXED_TOOLS, SESSION_TOOLS, builtin_registry, inline_with_files, run_code::SandboxPool,
+};
 
 /// Settings of `toolrun serve`.
 #[derive(Debug, Clone, clap::Args)]
@@ -54,6 +59,10 @@ pub struct ServeArgs {
     /// `sandbox.kubernetes.namespace`; default toolrun-sandbox).
     #[arg(long, env = "TOOLRUN_NAMESPACE")]
     pub namespace: Option<String>,
+    /// Where sessions keep their workspaces and records across restarts (one gateway per
+    /// directory). Unset (only in embedded use): a private temporary directory.
+    #[arg(long, env = "TOOLRUN_STATE_DIR", default_value = "/var/lib/toolrun")]
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for ServeArgs {
@@ -68,6 +77,7 @@ impl Default for ServeArgs {
             no_sandbox: false,
             backend: None,
             namespace: None,
+            state_dir: None,
         }
     }
 }
@@ -101,6 +111,9 @@ pub enum ServeError {
     /// The admin server failed.
     #[error("admin server: {0}")]
     Admin(std::io::Error),
+    /// The state dir or the sessions in it could not be opened.
+    #[error("sessions: {0}")]
+    Sessions(#[from] crate::session::SessionError),
 }
 
 /// A running gateway.
@@ -179,10 +192,13 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let config = effective_config(&args)?;
     let metrics = Arc::new(Metrics::new());
     let mut start_allowance = Duration::ZERO;
+    let serve_sessions = config.sandbox.backend == BackendKind::Local;
     let (registry, sandbox_info) = if args.no_sandbox {
-        tracing::warn!("--no-sandbox: run_code and code_executor are not served");
-        let registry = inline_registry(&config)?;
-        registry.check_config(&config, SANDBOXED_TOOLS)?;
+        tracing::warn!("--no-sandbox: run_code, code_executor and shell are not served");
+        let registry = inline_with_files(&config, serve_sessions)?;
+        let mut known = SANDBOXED_TOOLS.to_vec();
+        known.extend(SESSION_TOOLS);
+        registry.check_config(&config, &known)?;
         (registry, None)
     } else {
         let sandbox = build_sandbox(&config, &metrics).await?;
@@ -194,7 +210,30 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
             config.sandbox.clone(),
             metrics.clone(),
         ));
-        (builtin_registry(&config, pool)?, Some(info))
+        (builtin_registry(&config, pool, serve_sessions)?, Some(info))
+    };
+    // Sessions are served by the local backend (the kubernetes backend gains them with the
+    // in-pod agent); their workspaces live in the state dir.
+    let sessions = if serve_sessions {
+        let sessions = SessionManager::open(
+            args.state_dir.as_deref(),
+            config.sessions.clone(),
+            Arc::new(Approvals::new()),
+        )?;
+        if sessions.volume_kind().0 == VolumeKind::Directory
+            && config.sandbox.require_full_isolation
+            && !args.no_sandbox
+        {
+            return Err(ServeError::Sessions(SessionError::Storage(format!(
+                "workspaces cannot be size-capped filesystems here ({}); run as root with \
+                 mkfs.ext4 and loop devices, or set sandbox.require_full_isolation: false",
+                sessions.volume_kind().1.unwrap_or_default()
+            ))));
+        }
+        Some(sessions)
+    } else {
+        tracing::info!("sessions are not served by the kubernetes backend yet");
+        None
     };
     let registry = Arc::new(registry);
     for e in registry.all() {
@@ -205,8 +244,11 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
             "tool registered"
         );
     }
-    let executor =
-        Arc::new(Executor::new(registry, metrics.clone()).with_start_allowance(start_allowance));
+    let executor = Arc::new(
+        Executor::new(registry, metrics.clone())
+            .with_start_allowance(start_allowance)
+            .with_sessions_opt(sessions.clone()),
+    );
 
     let grpc_listener =
         TcpListener::bind(args.listen)
@@ -226,6 +268,27 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
 
     let shutdown = CancellationToken::new();
     let hard_stop = CancellationToken::new();
+    let sandbox_info = sandbox_info.map(|mut info| {
+        let Some(sessions) = &sessions else {
+            return info;
+        };
+        let (kind, problem) = sessions.volume_kind();
+        info.mechanisms.push(crate::sandbox::Mechanism {
+            name: "workspace-quota".into(),
+            active: kind == VolumeKind::Ext4Loop,
+            detail: match kind {
+                VolumeKind::Ext4Loop => format!(
+                    "each session's workspace is a loop-mounted ext4 filesystem of {} MiB and {} files (nosuid, nodev)",
+                    config.sessions.workspace_size_mb, config.sessions.workspace_max_files
+                ),
+                VolumeKind::Directory => problem.unwrap_or_default(),
+            },
+        });
+        info
+    });
+    if let Some(s) = &sessions {
+        s.spawn_reaper(hard_stop.clone());
+    }
     let admin_state = Arc::new(AdminState {
         ready: false.into(),
         metrics,
@@ -301,6 +364,9 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let join = tokio::spawn(async move {
         let (g, a) = tokio::join!(grpc, admin);
         hard_stop.cancel();
+        if let Some(s) = sessions {
+            s.shutdown().await;
+        }
         g?;
         a.map_err(ServeError::Admin)?;
         tracing::info!("toolrun stopped");

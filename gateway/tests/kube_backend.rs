@@ -949,6 +949,9 @@ async fn e2e_stream_tool_gets_live_output() {
                     format!("err:{}", String::from_utf8_lossy(&c.data)),
                 )),
                 Some(pb::tool_event::Event::Result(r)) => result = Some((t0.elapsed(), r)),
+                Some(pb::tool_event::Event::Approval(a)) => {
+                    panic!("no approval outside a session: {a:?}")
+                }
                 None => {}
             }
         }

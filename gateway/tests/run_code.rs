@@ -91,21 +91,37 @@ async fn seed_code_executor_table() {
     assert!(r.error.unwrap().message.contains("timed out"));
     assert_eq!(out["timed_out"], true);
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
-    // import socket -> success, but the network is unreachable
+    // import socket -> success, but the network is unreachable: a listener of the test's
+    // that the same program reaches from the host (the control) fails with ENETUNREACH.
     let (r, _) = call(&mut c, "code_executor", json!({"code": "import socket"})).await;
     assert!(r.ok, "{r:?}");
-    let probe = "import socket\ntry:\n    socket.create_connection(('1.1.1.1', 53), timeout=1)\n    print('connected')\nexcept OSError as e:\n    print('blocked', e.errno)";
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let probe = format!(
+        "import socket\nfor addr in [('127.0.0.1', {port}), ('1.1.1.1', 53)][:N]:\n    try:\n        \
+         socket.create_connection(addr, timeout=1)\n        print('connected')\n    \
+         except OSError as e:\n        print('blocked', e.errno)"
+    );
+    let host = std::process::Command::new("python3")
+        .args(["-c", &format!("N = 1\n{probe}")])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&host.stdout),
+        "connected\n",
+        "control: {host:?}"
+    );
+    while listener.accept().is_ok() {}
     let (r, out) = call(
         &mut c,
         "run_code",
-        json!({"language": "python", "code": probe}),
+        json!({"language": "python", "code": format!("N = 2\n{probe}")}),
     )
     .await;
     assert!(r.ok, "{r:?}");
-    assert!(
-        out["stdout"].as_str().unwrap().starts_with("blocked"),
-        "{out}"
-    );
+    assert_eq!(out["stdout"], "blocked 101\nblocked 101\n", "{out}");
+    assert!(listener.accept().is_err(), "the host listener was reached");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -198,6 +214,7 @@ async fn stream_tool_delivers_output_before_the_result() {
             }
             pb::tool_event::Event::Stderr(c) => stderr.extend(c.data),
             pb::tool_event::Event::Result(r) => result = Some((r, start.elapsed())),
+            pb::tool_event::Event::Approval(a) => panic!("no approval outside a session: {a:?}"),
         }
     }
     let (r, done_at) = result.expect("a final result event");

@@ -2,8 +2,10 @@
 
 pub mod calculator;
 pub mod echo;
+pub mod files;
 pub mod hash;
 pub mod run_code;
+pub mod shell;
 
 use std::sync::Arc;
 
@@ -12,7 +14,20 @@ use crate::registry::{Registry, RegistryError};
 use crate::tool::typed;
 
 /// Ids of the tools that need a sandbox backend.
-pub const SANDBOXED_TOOLS: &[&str] = &["run_code", "code_executor"];
+pub const SANDBOXED_TOOLS: &[&str] = &["run_code", "code_executor", "shell"];
+
+/// Ids of the tools that work in a session (the file tools and shell).
+pub const SESSION_TOOLS: &[&str] = &[
+    "read_file",
+    "write_file",
+    "list_directory",
+    "delete_file",
+    "move_file",
+    "glob",
+    "grep",
+    "edit",
+    "shell",
+];
 
 /// A registry with the inline built-ins (no sandboxed tools).
 pub fn inline_registry(config: &Config) -> Result<Registry, RegistryError> {
@@ -23,12 +38,23 @@ pub fn inline_registry(config: &Config) -> Result<Registry, RegistryError> {
     Ok(r)
 }
 
-/// Every built-in: the inline tools, and the sandboxed ones on `pool`.
+/// The inline built-ins, plus the file tools when `sessions` are served.
+pub fn inline_with_files(config: &Config, sessions: bool) -> Result<Registry, RegistryError> {
+    let mut r = inline_registry(config)?;
+    if sessions {
+        files::register(&mut r, config)?;
+    }
+    Ok(r)
+}
+
+/// Every built-in: the inline tools, the file tools and shell when `sessions` are served,
+/// and the sandboxed ones on `pool`.
 pub fn builtin_registry(
     config: &Config,
     pool: Arc<run_code::SandboxPool>,
+    sessions: bool,
 ) -> Result<Registry, RegistryError> {
-    let mut r = inline_registry(config)?;
+    let mut r = inline_with_files(config, sessions)?;
     let max = |id: &str| {
         std::time::Duration::from_millis(
             config
@@ -45,8 +71,21 @@ pub fn builtin_registry(
     };
     let run_code = run_code::RunCode::new(pool.clone(), limits("run_code"), max("run_code"));
     r.register(typed(run_code), &[], config)?;
-    let seed = run_code::RunCode::new(pool, limits("code_executor"), max("code_executor"));
+    let seed = run_code::RunCode::new(pool.clone(), limits("code_executor"), max("code_executor"));
     r.register(typed(run_code::CodeExecutor(seed)), &[], config)?;
-    r.check_config(config, &[])?;
+    if sessions {
+        let shell_max = std::time::Duration::from_millis(
+            config
+                .tool("shell")
+                .and_then(|c| c.timeout_ms)
+                .unwrap_or(crate::config::MAX_SHELL_TIMEOUT_MS),
+        );
+        r.register(
+            typed(shell::Shell::new(pool, limits("shell"), shell_max)),
+            &[],
+            config,
+        )?;
+    }
+    r.check_config(config, SESSION_TOOLS)?;
     Ok(r)
 }

@@ -8,8 +8,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use toolrun_runner::{Language, RunRecord, RunSpec, RunnerLimits, Verdict};
+use toolrun_runner::{Language, RunRecord, RunSpec, Verdict};
 
+use crate::approval::{ApprovalAsk, ApprovalKind};
 use crate::config::{Limits, SandboxConfig};
 use crate::error::{ErrorCode, ToolError};
 use crate::metrics::{Metrics, VerdictLabels};
@@ -109,6 +110,13 @@ impl SandboxPool {
             ("PYTHONDONTWRITEBYTECODE".to_string(), "1".to_string()),
         ]);
         env.extend(code.env);
+        // In a session the program works in its workspace, mounted at /workspace.
+        let workspace = ctx.session.as_ref().map(|s| s.workspace_dir.clone());
+        let workdir = match (&code.workdir, &workspace) {
+            (Some(w), _) => w.clone(),
+            (None, Some(_)) => crate::session::WORKSPACE_IN_SANDBOX.to_string(),
+            (None, None) => "/tmp".to_string(),
+        };
         let spec = RunSpec {
             language: code.language,
             code: code.code,
@@ -116,16 +124,10 @@ impl SandboxPool {
             env,
             stdin: code.stdin,
             interpreter: interpreter.to_string_lossy().into_owned(),
-            workdir: "/tmp".into(),
-            limits: RunnerLimits {
-                timeout_ms: timeout.as_millis() as u64,
-                output_limit_bytes: limits.output_limit_bytes,
-                cpu_seconds: limits.cpu_seconds,
-                max_processes: limits.max_processes,
-                max_file_bytes: limits.max_file_size_mb * 1024 * 1024,
-                max_open_files: limits.max_open_files,
-                address_space_bytes: 0,
-            },
+            workdir,
+            // The one computation of the runner's limits (with the runner's own headroom
+            // in the process limit), shared with the tests and benches.
+            limits: crate::sandbox::runner_limits(limits, timeout.as_millis() as u64),
         };
         self.metrics.sandbox_inflight.inc();
         let result = self
@@ -136,7 +138,7 @@ impl SandboxPool {
                     limits: limits.clone(),
                     tool: code.tool.to_string(),
                     call_id: ctx.call_id.clone(),
-                    workspace: None,
+                    workspace,
                 },
                 ctx.stream.clone(),
                 ctx.cancel.clone(),
@@ -234,6 +236,9 @@ pub struct CodeRun {
     pub timeout: Duration,
     /// The tool asking (recorded by the kubernetes backend).
     pub tool: &'static str,
+    /// Working directory inside the sandbox (default: `/workspace` in a session, else
+    /// `/tmp`).
+    pub workdir: Option<String>,
 }
 
 /// Languages run_code accepts.
@@ -349,16 +354,33 @@ fn run_code_metadata(id: &'static str, name: &'static str) -> ToolMetadata {
         name,
         description: "Runs a Python, JavaScript (Node.js) or Bash program in an isolated sandbox \
             with no network, a read-only filesystem except a small private /tmp, and limits on \
-            time, memory, processes and output. Returns stdout, stderr and the exit code.",
+            time, memory, processes and output. Returns stdout, stderr and the exit code. With \
+            a session_id the program runs in the session's workspace (/workspace, read-write, \
+            its working directory).",
         version: "1.0.0",
         category: Category::Execution,
         sandbox_required: true,
         side_effect: SideEffect::Impure,
         determinism: Determinism::NonDeterministic,
         required_capabilities: &[],
-        approval: ApprovalPolicy::Never,
+        // Outside a session nothing persists; in one the program can change the workspace
+        // like a shell command, so it asks as shell does.
+        approval: ApprovalPolicy::Conditional,
         max_memory_bytes: None,
     }
+}
+
+/// The approval a program asks for in a session (none outside one).
+pub fn execute_ask(ctx: &CallContext, what: &str, code: &str) -> Option<ApprovalAsk> {
+    ctx.session.as_ref()?;
+    let mut shown: String = code.chars().take(4000).collect();
+    if shown.len() < code.len() {
+        shown.push_str("\n... (cut)");
+    }
+    Some(ApprovalAsk {
+        kind: ApprovalKind::Execute,
+        reason: format!("{what} in the session's workspace:\n{shown}"),
+    })
 }
 
 impl TypedTool for RunCode {
@@ -375,6 +397,16 @@ impl TypedTool for RunCode {
         RUN_CODE_TIMEOUT_MS
     }
 
+    async fn approval(
+        &self,
+        input: &RunCodeInput,
+        _args: &serde_json::Value,
+        ctx: &CallContext,
+    ) -> Result<Option<ApprovalAsk>, ToolError> {
+        let what = format!("run {} code", Language::from(input.language).as_str());
+        Ok(execute_ask(ctx, &what, &input.code))
+    }
+
     async fn run(
         &self,
         input: RunCodeInput,
@@ -388,6 +420,7 @@ impl TypedTool for RunCode {
             stdin: input.stdin.unwrap_or_default(),
             timeout: self.timeout(input.timeout)?,
             tool: "run_code",
+            workdir: None,
         };
         self.pool.run(run, &self.limits, ctx).await
     }
@@ -428,6 +461,16 @@ impl TypedTool for CodeExecutor {
         RUN_CODE_TIMEOUT_MS
     }
 
+    async fn approval(
+        &self,
+        input: &CodeExecutorInput,
+        _args: &serde_json::Value,
+        ctx: &CallContext,
+    ) -> Result<Option<ApprovalAsk>, ToolError> {
+        let what = format!("run {} code", Language::from(input.language).as_str());
+        Ok(execute_ask(ctx, &what, &input.code))
+    }
+
     async fn run(
         &self,
         input: CodeExecutorInput,
@@ -441,6 +484,7 @@ impl TypedTool for CodeExecutor {
             stdin: String::new(),
             timeout: self.0.timeout(input.timeout_seconds)?,
             tool: "code_executor",
+            workdir: None,
         };
         self.0.pool.run(run, &self.0.limits, ctx).await
     }

@@ -1,0 +1,622 @@
+//! Sessions: the one owner of every session's life (create, touch, expire, close, the
+//! reaper, the state-dir store).
+//!
+//! A session has an id, an approval mode, an idle timeout and a workspace: a size-capped
+//! filesystem of its own ([`volume`]) that programs see at `/workspace` and the file tools
+//! reach through a [`toolrun_workspace::Workspace`] handle. Records live in
+//! `<state-dir>/sessions/<id>.json` (written via a temporary file and rename); the record's
+//! modification time is the session's last use, so a restart restores every live session
+//! with its files and expires the ones whose idle time ran out while the gateway was down.
+
+pub mod volume;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use toolrun_workspace::{Workspace, WorkspaceLimits};
+
+use crate::approval::Approvals;
+use crate::config::{ApprovalMode, SessionsConfig};
+use crate::sandbox::local::SANDBOX_ID;
+use volume::{VolumeKind, Volumes};
+
+/// Where programs see the workspace.
+pub const WORKSPACE_IN_SANDBOX: &str = "/workspace";
+
+/// How often the reaper looks for idle sessions.
+const REAP_INTERVAL: Duration = Duration::from_secs(2);
+
+/// The record's mtime is refreshed at most this often (a call touches it).
+const TOUCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Why a session operation failed (the gRPC layer maps these to statuses; tool calls map
+/// [`SessionError::NotFound`] to the result code SESSION_NOT_FOUND).
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// No open session has this id.
+    #[error("no session {0:?} (unknown, closed or expired); create one with CreateSession")]
+    NotFound(String),
+    /// A session with this id exists.
+    #[error("session {0:?} already exists")]
+    AlreadyExists(String),
+    /// The id or a setting is malformed.
+    #[error("{0}")]
+    Invalid(String),
+    /// Too many sessions open.
+    #[error(
+        "{0} sessions are open, the configured maximum (sessions.max_sessions); close one first"
+    )]
+    TooMany(usize),
+    /// The workspace could not be made or removed.
+    #[error("workspace: {0}")]
+    Storage(String),
+}
+
+/// The persisted part of a session.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    session_id: String,
+    approval_mode: ApprovalMode,
+    idle_timeout_seconds: u64,
+    created_at_ms: i64,
+}
+
+/// One open session.
+pub struct Session {
+    /// The id.
+    pub id: String,
+    /// The approval mode.
+    pub approval_mode: ApprovalMode,
+    /// Expires after this long without a call.
+    pub idle_timeout: Duration,
+    /// When it was created.
+    pub created_at: SystemTime,
+    /// The workspace's host directory (mounted at `/workspace` in the sandbox).
+    pub workspace_dir: PathBuf,
+    /// The file-access core over the workspace's directory handle.
+    pub workspace: Workspace,
+    /// Fired when the session closes: every call running in it is cancelled.
+    pub cancel: CancellationToken,
+    last_used: Mutex<SystemTime>,
+    last_touch: Mutex<SystemTime>,
+    running: AtomicU32,
+    closed: AtomicBool,
+    record_path: PathBuf,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.id)
+            .field("approval_mode", &self.approval_mode)
+            .field("workspace_dir", &self.workspace_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Session {
+    /// When the session was last used (a call started or ended).
+    pub fn last_used(&self) -> SystemTime {
+        *self.last_used.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// When it expires if nothing uses it.
+    pub fn expires_at(&self) -> SystemTime {
+        self.last_used() + self.idle_timeout
+    }
+
+    /// Calls running in it now.
+    pub fn calls_running(&self) -> u32 {
+        self.running.load(Ordering::Acquire)
+    }
+
+    /// Closed or expired.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    fn touch(&self) {
+        let now = SystemTime::now();
+        *self.last_used.lock().unwrap_or_else(|e| e.into_inner()) = now;
+        let mut last = self.last_touch.lock().unwrap_or_else(|e| e.into_inner());
+        if now.duration_since(*last).unwrap_or_default() >= TOUCH_EVERY {
+            *last = now;
+            // The record's mtime is the last use a restart sees.
+            if let Ok(f) = std::fs::File::options().write(true).open(&self.record_path) {
+                let _ = f.set_modified(now);
+            }
+        }
+    }
+
+    /// Marks a call running in the session until the guard drops (the reaper never
+    /// expires a session with calls running).
+    pub fn begin_call(self: &Arc<Self>) -> CallGuard {
+        self.running.fetch_add(1, Ordering::AcqRel);
+        self.touch();
+        CallGuard {
+            session: self.clone(),
+        }
+    }
+
+    /// Bytes and files used in the workspace, and its limits (statvfs of its filesystem).
+    pub fn usage(&self) -> Usage {
+        match rustix::fs::statvfs(&self.workspace_dir) {
+            Ok(s) => Usage {
+                bytes_used: (s.f_blocks - s.f_bfree) * s.f_frsize,
+                bytes_limit: s.f_blocks * s.f_frsize,
+                files_used: s.f_files - s.f_ffree,
+                files_limit: s.f_files,
+            },
+            Err(_) => Usage::default(),
+        }
+    }
+}
+
+/// Space used in a workspace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Bytes used.
+    pub bytes_used: u64,
+    /// Size of the workspace's filesystem.
+    pub bytes_limit: u64,
+    /// Inodes used.
+    pub files_used: u64,
+    /// Inodes available in all.
+    pub files_limit: u64,
+}
+
+/// A call running in a session.
+pub struct CallGuard {
+    session: Arc<Session>,
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.session.touch();
+        self.session.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a caller asks for in CreateSession.
+#[derive(Debug, Clone, Default)]
+pub struct CreateSession {
+    /// Wanted id; empty = a generated one.
+    pub session_id: String,
+    /// None = the server's default.
+    pub approval_mode: Option<ApprovalMode>,
+    /// None = the server's default.
+    pub idle_timeout: Option<Duration>,
+}
+
+/// The sessions of one gateway.
+pub struct SessionManager {
+    config: SessionsConfig,
+    state_dir: PathBuf,
+    /// A temporary state dir (tests, `ServeArgs::default()`): removed with the manager.
+    ephemeral: bool,
+    volumes: Volumes,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Ids being created (count against the maximum, refuse duplicates).
+    creating: Mutex<Vec<String>>,
+    approvals: Arc<Approvals>,
+    /// Held for the manager's life: one gateway per state dir.
+    _lock: std::fs::File,
+}
+
+fn ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Session ids are chosen by callers or generated: letters, digits, `-`, `_`, 1..=64.
+pub fn valid_session_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !id.starts_with('.')
+}
+
+impl SessionManager {
+    /// Opens the state dir (`None`: a private temporary one, removed on shutdown), takes
+    /// its lock, and restores the sessions recorded there: live ones are mounted again,
+    /// expired ones and orphaned workspaces are removed.
+    pub fn open(
+        state_dir: Option<&Path>,
+        config: SessionsConfig,
+        approvals: Arc<Approvals>,
+    ) -> Result<Arc<SessionManager>, SessionError> {
+        let storage = |e: std::io::Error, what: &str| SessionError::Storage(format!("{what}: {e}"));
+        let (dir, ephemeral) = match state_dir {
+            Some(d) => (d.to_path_buf(), false),
+            None => {
+                let d = std::env::temp_dir().join(format!(
+                    "toolrun-state-{}-{}",
+                    std::process::id(),
+                    uuid::Uuid::new_v4().simple()
+                ));
+                (d, true)
+            }
+        };
+        std::fs::create_dir_all(dir.join("sessions"))
+            .map_err(|e| storage(e, &format!("cannot create state dir {dir:?}")))?;
+        let dir = dir.canonicalize().map_err(|e| storage(e, "state dir"))?;
+        let lock = std::fs::File::create(dir.join("lock")).map_err(|e| storage(e, "lock file"))?;
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Err(SessionError::Storage(format!(
+                "state dir {dir:?} is in use by another toolrun gateway (pass --state-dir)"
+            )));
+        }
+        let volumes = Volumes::new(
+            &dir,
+            config.workspace_size_mb << 20,
+            config.workspace_max_files,
+        )
+        .map_err(|e| SessionError::Storage(e.0))?;
+        match volumes.kind() {
+            VolumeKind::Ext4Loop => tracing::info!(
+                state_dir = %dir.display(),
+                size_mb = config.workspace_size_mb,
+                max_files = config.workspace_max_files,
+                "workspaces: a loop-mounted ext4 filesystem each (size and file caps in the kernel)"
+            ),
+            VolumeKind::Directory => tracing::warn!(
+                state_dir = %dir.display(),
+                problem = volumes.problem.as_deref().unwrap_or(""),
+                "workspaces are plain directories: their size is NOT capped"
+            ),
+        }
+        let mgr = Arc::new(SessionManager {
+            config,
+            state_dir: dir,
+            ephemeral,
+            volumes,
+            sessions: Mutex::new(HashMap::new()),
+            creating: Mutex::new(Vec::new()),
+            approvals,
+            _lock: lock,
+        });
+        mgr.restore();
+        Ok(mgr)
+    }
+
+    /// How workspaces are made (for /readyz).
+    pub fn volume_kind(&self) -> (VolumeKind, Option<String>) {
+        (self.volumes.kind(), self.volumes.problem.clone())
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SessionsConfig {
+        &self.config
+    }
+
+    /// The approvals table.
+    pub fn approvals(&self) -> &Arc<Approvals> {
+        &self.approvals
+    }
+
+    fn table(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record_path(&self, id: &str) -> PathBuf {
+        self.state_dir.join("sessions").join(format!("{id}.json"))
+    }
+
+    fn workspace_limits(&self) -> WorkspaceLimits {
+        WorkspaceLimits {
+            max_file_bytes: self.config.max_file_bytes,
+            ..WorkspaceLimits::default()
+        }
+    }
+
+    fn open_session(
+        &self,
+        rec: &Record,
+        last_used: SystemTime,
+        dir: PathBuf,
+    ) -> Result<Arc<Session>, SessionError> {
+        let workspace = Workspace::open(&dir, self.workspace_limits())
+            .map_err(|e| SessionError::Storage(e.to_string()))?
+            .with_owner(SANDBOX_ID, SANDBOX_ID);
+        Ok(Arc::new(Session {
+            id: rec.session_id.clone(),
+            approval_mode: rec.approval_mode,
+            idle_timeout: Duration::from_secs(rec.idle_timeout_seconds),
+            created_at: UNIX_EPOCH + Duration::from_millis(rec.created_at_ms.max(0) as u64),
+            workspace_dir: dir,
+            workspace,
+            cancel: CancellationToken::new(),
+            last_used: Mutex::new(last_used),
+            last_touch: Mutex::new(last_used),
+            running: AtomicU32::new(0),
+            closed: AtomicBool::new(false),
+            record_path: self.record_path(&rec.session_id),
+        }))
+    }
+
+    fn restore(&self) {
+        let mut known = Vec::new();
+        let now = SystemTime::now();
+        if let Ok(rd) = std::fs::read_dir(self.state_dir.join("sessions")) {
+            for e in rd.flatten() {
+                let path = e.path();
+                if path.extension().is_none_or(|x| x != "json") {
+                    // A temporary file of an interrupted write.
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+                let rec: Option<Record> = std::fs::read(&path)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice(&b).ok());
+                let Some(rec) = rec.filter(|r| valid_session_id(&r.session_id)) else {
+                    tracing::warn!(record = %path.display(), "unreadable session record removed");
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                };
+                let last_used = e.metadata().and_then(|m| m.modified()).unwrap_or(now);
+                let idle = Duration::from_secs(rec.idle_timeout_seconds);
+                if last_used + idle <= now {
+                    tracing::info!(session_id = %rec.session_id, "session expired while the gateway was down; removing");
+                    let _ = self.volumes.remove(&rec.session_id);
+                    let _ = std::fs::remove_file(&path);
+                    continue;
+                }
+                let restored = self
+                    .volumes
+                    .mount(&rec.session_id)
+                    .map_err(|e| SessionError::Storage(e.0))
+                    .and_then(|()| {
+                        self.open_session(&rec, last_used, self.volumes.path(&rec.session_id))
+                    });
+                match restored {
+                    Ok(s) => {
+                        tracing::info!(session_id = %s.id, "session restored");
+                        known.push(s.id.clone());
+                        self.table().insert(s.id.clone(), s);
+                    }
+                    Err(e) => {
+                        tracing::error!(session_id = %rec.session_id, error = %e, "session could not be restored; its workspace is kept on disk");
+                    }
+                }
+            }
+        }
+        for id in self.volumes.on_disk() {
+            if !known.contains(&id) && !self.record_path(&id).exists() {
+                tracing::info!(workspace = %id, "orphaned workspace (no session record) removed");
+                let _ = self.volumes.remove(&id);
+            }
+        }
+    }
+
+    /// Creates a session with a fresh workspace.
+    pub fn create(&self, req: CreateSession) -> Result<Arc<Session>, SessionError> {
+        let id = if req.session_id.is_empty() {
+            // 128 random bits: ids cannot be guessed (SECURITY-CASES 46).
+            format!("s-{}", uuid::Uuid::new_v4().simple())
+        } else if valid_session_id(&req.session_id) {
+            req.session_id.clone()
+        } else {
+            return Err(SessionError::Invalid(format!(
+                "session_id {:?} is not valid: 1-64 letters, digits, '-' or '_'",
+                req.session_id
+            )));
+        };
+        let idle = req
+            .idle_timeout
+            .unwrap_or(Duration::from_secs(self.config.idle_timeout_seconds));
+        let max_idle = self.config.max_idle_timeout_seconds;
+        if idle.as_secs() < 1 || idle.as_secs() > max_idle {
+            return Err(SessionError::Invalid(format!(
+                "idle_timeout_seconds {} is out of range 1..={max_idle}",
+                idle.as_secs()
+            )));
+        }
+        {
+            let table = self.table();
+            let mut creating = self.creating.lock().unwrap_or_else(|e| e.into_inner());
+            if table.contains_key(&id) || creating.contains(&id) || self.record_path(&id).exists() {
+                return Err(SessionError::AlreadyExists(id));
+            }
+            let open = table.len() + creating.len();
+            if open >= self.config.max_sessions {
+                return Err(SessionError::TooMany(open));
+            }
+            creating.push(id.clone());
+        }
+        let result = self.create_inner(&id, req.approval_mode, idle);
+        self.creating
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|c| c != &id);
+        let session = result?;
+        self.table().insert(id.clone(), session.clone());
+        tracing::info!(
+            session_id = %id,
+            approval_mode = session.approval_mode.as_str(),
+            idle_timeout_s = idle.as_secs(),
+            "session created"
+        );
+        Ok(session)
+    }
+
+    fn create_inner(
+        &self,
+        id: &str,
+        mode: Option<ApprovalMode>,
+        idle: Duration,
+    ) -> Result<Arc<Session>, SessionError> {
+        let now = SystemTime::now();
+        let rec = Record {
+            session_id: id.to_string(),
+            approval_mode: mode.unwrap_or(self.config.default_approval_mode),
+            idle_timeout_seconds: idle.as_secs(),
+            created_at_ms: ms(now),
+        };
+        let dir = self
+            .volumes
+            .create(id)
+            .map_err(|e| SessionError::Storage(e.0))?;
+        let write_record = || -> std::io::Result<()> {
+            let path = self.record_path(id);
+            let tmp = path.with_extension("json.tmp");
+            std::fs::write(&tmp, serde_json::to_vec(&rec).expect("records serialise"))?;
+            std::fs::File::open(&tmp)?.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        };
+        if let Err(e) = write_record() {
+            let _ = self.volumes.remove(id);
+            return Err(SessionError::Storage(format!("session record: {e}")));
+        }
+        match self.open_session(&rec, now, dir) {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                let _ = self.volumes.remove(id);
+                let _ = std::fs::remove_file(self.record_path(id));
+                Err(e)
+            }
+        }
+    }
+
+    /// The open session `id`.
+    pub fn get(&self, id: &str) -> Result<Arc<Session>, SessionError> {
+        self.table()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| SessionError::NotFound(id.to_string()))
+    }
+
+    /// Every open session, oldest first.
+    pub fn list(&self) -> Vec<Arc<Session>> {
+        let mut v: Vec<Arc<Session>> = self.table().values().cloned().collect();
+        v.sort_by_key(|s| s.created_at);
+        v
+    }
+
+    /// Closes session `id`: new calls get SESSION_NOT_FOUND at once, running calls are
+    /// cancelled (their sandboxes killed), pending approvals withdrawn, then the workspace
+    /// is unmounted and deleted with the record. Returns the session and how many calls
+    /// were running.
+    pub async fn close(&self, id: &str, why: &str) -> Result<(Arc<Session>, u32), SessionError> {
+        let session = self
+            .table()
+            .remove(id)
+            .ok_or_else(|| SessionError::NotFound(id.to_string()))?;
+        session.closed.store(true, Ordering::Release);
+        let running = session.calls_running();
+        session.cancel.cancel();
+        let withdrawn = self.approvals.drop_session(id);
+        // Cancelled calls end quickly (their sandboxes are killed); the workspace is removed
+        // only once nothing uses it, or after a bound.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while session.calls_running() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let volumes = self.volumes.clone();
+        let record = self.record_path(id);
+        let owned_id = id.to_string();
+        let removed = tokio::task::spawn_blocking(move || {
+            let r = volumes.remove(&owned_id);
+            let _ = std::fs::remove_file(record);
+            r
+        })
+        .await
+        .map_err(|e| SessionError::Storage(format!("cleanup task: {e}")))?;
+        tracing::info!(
+            session_id = id,
+            reason = why,
+            calls_cancelled = running,
+            approvals_withdrawn = withdrawn,
+            "session closed"
+        );
+        removed.map_err(|e| SessionError::Storage(e.0))?;
+        Ok((session, running))
+    }
+
+    /// Closes every session idle past its timeout (none with calls running).
+    pub async fn reap(&self) -> usize {
+        let now = SystemTime::now();
+        let expired: Vec<String> = self
+            .table()
+            .values()
+            .filter(|s| s.calls_running() == 0 && s.expires_at() <= now)
+            .map(|s| s.id.clone())
+            .collect();
+        let mut n = 0;
+        for id in expired {
+            if let Err(e) = self.close(&id, "idle timeout").await {
+                tracing::warn!(session_id = %id, error = %e, "expiring session failed");
+            } else {
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Runs the reaper until `stop` fires.
+    pub fn spawn_reaper(self: &Arc<Self>, stop: CancellationToken) {
+        let mgr = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(REAP_INTERVAL);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                let Some(mgr) = mgr.upgrade() else { return };
+                mgr.reap().await;
+            }
+        });
+    }
+
+    /// At shutdown: a temporary state dir is removed with every session; a real one keeps
+    /// its sessions (unmounted; the next start mounts them again).
+    pub async fn shutdown(&self) {
+        let ids: Vec<String> = self.table().keys().cloned().collect();
+        if self.ephemeral {
+            for id in ids {
+                let _ = self.close(&id, "shutdown (temporary state dir)").await;
+            }
+            let _ = std::fs::remove_dir_all(&self.state_dir);
+            return;
+        }
+        for s in self.table().values() {
+            s.cancel.cancel();
+        }
+        let volumes = self.volumes.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            for id in ids {
+                if let Err(e) = volumes.unmount(&id) {
+                    tracing::warn!(session_id = %id, error = %e, "unmounting workspace at shutdown");
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Unix ms of `t` (for the wire).
+    pub fn unix_ms(t: SystemTime) -> i64 {
+        ms(t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_ids() {
+        assert!(valid_session_id("s-0123abc"));
+        assert!(valid_session_id("my_session-1"));
+        for bad in ["", "../x", "a/b", "a b", ".hidden", &"x".repeat(65), "a\0b"] {
+            assert!(!valid_session_id(bad), "{bad:?}");
+        }
+    }
+}

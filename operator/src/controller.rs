@@ -1,8 +1,10 @@
 //! The controller: watches ToolRuns in the sandbox namespace (and the pods and
 //! ConfigMaps it made for them), and carries out what [`crate::decide`] decides.
 //!
-//! Each reconcile reads the ToolRun and its current pod fresh from the API server (the
-//! watch cache may lag behind our own writes), decides one step, does it and returns.
+//! Each reconcile takes the ToolRun from the watch cache, unless this process has written
+//! or read a newer version of it than the cache holds (the cache lags behind our own
+//! writes): then it reads it with one GET (`Context::fresh_run`). The run's current pod
+//! is read with a GET. It decides one step, does it and returns.
 //! Status writes are server-side applies of the whole status to the status subresource
 //! under the field manager [`FIELD_MANAGER`], carrying the resourceVersion that was read:
 //! if anything changed meanwhile the write fails and the run is looked at again, so a

@@ -1,8 +1,9 @@
 //! What to do about a ToolRun, decided from what is observed: the pure half of the
 //! reconciler.
 //!
-//! [`decide`] looks at the ToolRun (read fresh from the API server), the pod of its
-//! current attempt (read fresh too, `None` when there is none) and the clock, and returns
+//! [`decide`] looks at the ToolRun (the watch cache's copy, or one GET when this operator
+//! has written or read a newer version than the cache holds), the pod of its current
+//! attempt (read with a GET, `None` when there is none) and the clock, and returns
 //! one [`Decision`]; the controller carries it out and looks again. Nothing here does IO,
 //! so every branch is unit tested.
 //!

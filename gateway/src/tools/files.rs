@@ -190,10 +190,12 @@ impl FileOp for WriteFile {
         if !ws.exists(&a.path)? {
             return Ok(None);
         }
+        // Overwriting loses the old content: destructive (a write_file approved as a new
+        // file whose path an approver changes to an existing one asks again).
         Ok(Some(ApprovalAsk {
-            kind: ApprovalKind::Write,
+            kind: ApprovalKind::Destructive,
             reason: format!(
-                "overwrite {}:\n{}",
+                "overwrite {}:\n{}
                 a.path,
                 ws.preview_write(a).unwrap_or_else(|e| e.message)
             ),

@@ -195,7 +195,7 @@ impl FileOp for WriteFile {
         Ok(Some(ApprovalAsk {
             kind: ApprovalKind::Destructive,
             reason: format!(
-                "overwrite {}:\n{}
+                "overwrite {}:\n{}",
                 a.path,
                 ws.preview_write(a).unwrap_or_else(|e| e.message)
             ),

@@ -527,6 +527,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_example_file_documents_the_session_defaults() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../toolrun.example.yaml");
+        let c = Config::load(Path::new(path)).expect("example loads");
+        assert_eq!(c.sessions, SessionsConfig::default());
+        assert_eq!(
+            c.tools.get("shell").and_then(|t| t.timeout_ms),
+            Some(MAX_SHELL_TIMEOUT_MS)
+        );
+    }
+
+    #[test]
+    fn session_bounds_name_the_key() {
+        let e = Config::from_yaml("sessions: {workspace_size_mb: 1}").unwrap_err();
+        assert!(e.to_string().contains("sessions.workspace_size_mb"), "{e}");
+        let e = Config::from_yaml("sessions: {default_approval_mode: sometimes}").unwrap_err();
+        assert!(e.to_string().contains("default_approval_mode"), "{e}");
+        let e = Config::from_yaml("tools: {shell: {timeout_ms: 600001}}").unwrap_err();
+        assert!(e.to_string().contains("tools.shell.timeout_ms"), "{e}");
+        Config::from_yaml("tools: {shell: {timeout_ms: 600000}}").unwrap();
+    }
+
+    #[test]
     fn empty_file_gives_defaults() {
         let c = Config::from_yaml("{}").unwrap();
         assert_eq!(c, Config::default());

@@ -19,6 +19,8 @@ pub struct AdminState {
     pub ready: AtomicBool,
     /// Metrics to expose.
     pub metrics: Arc<Metrics>,
+    /// Sessions, when served (their gauges are read at each scrape).
+    pub sessions: Option<Arc<crate::session::SessionManager>>,
     /// Sandbox backend and mechanisms (None when no sandboxed tool is enabled).
     pub sandbox: Option<SandboxInfo>,
     /// The gRPC address.
@@ -55,6 +57,12 @@ async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        s.metrics.encode(),
+        {
+            if let Some(m) = &s.sessions {
+                s.metrics.sessions_open.set(m.list().len() as i64);
+                s.metrics.approvals_pending.set(m.approvals().len() as i64);
+            }
+            s.metrics.encode()
+        },
     )
 }

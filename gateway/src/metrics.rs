@@ -47,6 +47,10 @@ pub struct Metrics {
     pub kube_watch_restarts: Counter,
     /// Kubernetes backend: ToolRuns created and not yet finished.
     pub kube_inflight_runs: Gauge,
+    /// Sessions open (set when scraped).
+    pub sessions_open: Gauge,
+    /// Calls waiting for an approval (set when scraped).
+    pub approvals_pending: Gauge,
 }
 
 impl Default for Metrics {
@@ -102,8 +106,18 @@ impl Metrics {
             "ToolRuns created by the kubernetes backend and not yet finished",
             kube_inflight_runs.clone(),
         );
+        let sessions_open = Gauge::default();
+        registry.register("sessions_open", "Sessions open", sessions_open.clone());
+        let approvals_pending = Gauge::default();
+        registry.register(
+            "approvals_pending",
+            "Calls waiting for an approval",
+            approvals_pending.clone(),
+        );
         Metrics {
             registry,
+            sessions_open,
+            approvals_pending,
             kube_watch_restarts,
             kube_inflight_runs,
             calls,

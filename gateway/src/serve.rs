@@ -292,6 +292,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let admin_state = Arc::new(AdminState {
         ready: false.into(),
         metrics,
+        sessions: sessions.clone(),
         sandbox: sandbox_info,
         grpc_addr: grpc_addr.to_string(),
     });

@@ -28,6 +28,47 @@ use volume::{VolumeKind, Volumes};
 /// Where programs see the workspace.
 pub const WORKSPACE_IN_SANDBOX: &str = "/workspace";
 
+/// Temporary state dirs are `<tmp>/toolrun-state-<pid>-<random>`.
+const EPHEMERAL_PREFIX: &str = "toolrun-state-";
+
+/// Removes the temporary state dirs of processes that are gone (a test binary that exited
+/// without shutting its gateway down), unmounting their workspaces first.
+fn sweep_ephemeral_dirs() {
+    let Ok(rd) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(EPHEMERAL_PREFIX)
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        remove_state_dir(&e.path());
+    }
+}
+
+/// Unmounts every workspace under a state dir and removes it.
+fn remove_state_dir(dir: &Path) {
+    if let Ok(rd) = std::fs::read_dir(dir.join("workspaces")) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if volume::is_mount_point(&p) {
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(&p)
+                    .output();
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// How often the reaper looks for idle sessions.
 const REAP_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -237,8 +278,9 @@ impl SessionManager {
         let (dir, ephemeral) = match state_dir {
             Some(d) => (d.to_path_buf(), false),
             None => {
+                sweep_ephemeral_dirs();
                 let d = std::env::temp_dir().join(format!(
-                    "toolrun-state-{}-{}",
+                    "{EPHEMERAL_PREFIX}{}-{}",
                     std::process::id(),
                     uuid::Uuid::new_v4().simple()
                 ));
@@ -604,6 +646,16 @@ impl SessionManager {
     /// Unix ms of `t` (for the wire).
     pub fn unix_ms(t: SystemTime) -> i64 {
         ms(t)
+    }
+}
+
+impl Drop for SessionManager {
+    /// A temporary state dir goes with its manager, mounts included (also when the gateway
+    /// was not shut down, as in tests).
+    fn drop(&mut self) {
+        if self.ephemeral {
+            remove_state_dir(&self.state_dir);
+        }
     }
 }
 

@@ -232,7 +232,8 @@ async fn call_tools_returns_results_in_request_order() {
                 format!(r#"{{"expression":"{i} * 2"}}"#)
             },
             timeout_ms: 0,
-            session_id: "s".into(),
+            // No session: a session id must name an open session (SESSION_NOT_FOUND).
+            session_id: String::new(),
         })
         .collect();
     let results = client
@@ -272,22 +273,31 @@ async fn oversized_batch_and_message_are_resource_exhausted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zero_deadline_times_out_and_server_survives() {
-    let (s, mut client) = server().await;
-    // An explicit zero deadline reaching the server (a raw client that sends it as is) is
-    // never run: our handler answers DEADLINE_EXCEEDED, unless tonic's own deadline layer
-    // wins the race and answers CANCELLED or resets the stream (seen once under load).
-    use prost::Message;
-    let headers = curl_grpc(
-        s.grpc_addr,
-        &call("echo", "{}").encode_to_vec(),
-        &["grpc-timeout: 0n"],
-    );
-    assert!(!headers.contains("grpc-status: 0"), "{headers}");
+    let (_s, mut client) = server().await;
+    // An explicit zero deadline reaching the server (the `grpc-timeout: 0n` header sent as
+    // is: tonic's client passes it through) is never run: the answer is DEADLINE_EXCEEDED,
+    // as the contract says, every time. Repeated, because whether the request's body has
+    // arrived when the server first looks at the call varies from call to call.
+    // (Not with curl: curl 7.88 reports an error, and no headers, when the server resets
+    // the stream after answering, which HTTP/2 allows.)
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        let mut r = tonic::Request::new(call("echo", "{}"));
+        r.metadata_mut()
+            .insert("grpc-timeout", "0n".parse().unwrap());
+        answers.push(match client.call_tool(r).await {
+            Ok(resp) => format!("OK {:?}", resp.into_inner()),
+            Err(status) => format!("{:?}: {}", status.code(), status.message()),
+        });
+    }
+    let wrong: Vec<&String> = answers
+        .iter()
+        .filter(|a| !a.starts_with("DeadlineExceeded:"))
+        .collect();
     assert!(
-        headers.is_empty()
-            || headers.contains("grpc-status: 4")
-            || headers.contains("grpc-status: 1"),
-        "{headers}"
+        wrong.is_empty(),
+        "{} of 20 zero-deadline calls not DEADLINE_EXCEEDED: {wrong:?}",
+        wrong.len()
     );
     assert!(call_one(&mut client, "echo", "{}").await.ok);
 }

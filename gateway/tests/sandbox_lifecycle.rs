@@ -82,25 +82,24 @@ async fn cancel_kills_the_run() {
 async fn a_dropped_call_leaves_nothing_behind() {
     let m = marker();
     let code = format!("exec sleep {m}");
-    let call = sandbox().run(
+    // A boxed future: dropping it drops the call.
+    let mut call = sandbox().run(
         spec(Language::Bash, &code, 20_000),
         None,
         CancellationToken::new(),
     );
-    assert!(
-        tokio::time::timeout(Duration::from_millis(500), call)
-            .await
-            .is_err()
-    );
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while !host_processes_with(&m).is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    // Dropped only once its program is seen running on the host.
+    tokio::select! {
+        rec = &mut call => panic!("the run ended before it was dropped: {rec:?}"),
+        () = wait_for_marker(&m) => {}
     }
-    assert!(
-        host_processes_with(&m).is_empty(),
-        "{:?}",
-        host_processes_with(&m)
-    );
+    drop(call);
+    wait_until(
+        "the dropped call's program to be killed",
+        Duration::from_secs(2),
+        || host_processes_with(&m).is_empty(),
+    )
+    .await;
 }
 
 #[test]
@@ -187,12 +186,9 @@ async fn backstop_and_broken_runner_output() {
     let err = call("FAKE_NORECORD", 2_000).await.unwrap_err();
     assert!(err.to_string().contains("without a result record"), "{err}");
 
-    // A 100 MB line: refused without being held in memory.
-    let before = self_rss_kib();
+    // A 100 MB line: refused (the peak memory meanwhile: tests/memory_flat.rs).
     let err = call("FAKE_HUGE", 5_000).await.unwrap_err();
     assert!(err.to_string().contains("longer than"), "{err}");
-    let grown_mib = self_rss_kib().saturating_sub(before) / 1024;
-    assert!(grown_mib < 40, "grew by {grown_mib} MiB");
 }
 
 #[tokio::test]

@@ -28,21 +28,36 @@ async fn infinite_loop_times_out() {
     assert!(rec.timed_out);
 }
 
+/// Import socket works, nothing is reachable: a listener of the test's on the host's
+/// loopback, which the same program run on the host does reach (the control), and two
+/// internet addresses; in the sandbox every connect fails with ENETUNREACH (101).
 #[tokio::test]
 async fn import_socket_works_but_nothing_is_reachable() {
-    let rec = py("import socket\n\
-         for host in [('1.1.1.1', 53), ('127.0.0.1', 22), ('8.8.8.8', 443)]:\n\
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let code = format!(
+        "import socket\n\
+         for host in [('127.0.0.1', {port}), ('1.1.1.1', 53), ('8.8.8.8', 443)]:\n\
          \x20   s = socket.socket()\n\
          \x20   s.settimeout(1)\n\
          \x20   try:\n\
          \x20       s.connect(host)\n\
-         \x20       print('CONNECTED', host)\n\
+         \x20       print('CONNECTED', host[0])\n\
          \x20   except OSError as e:\n\
-         \x20       print('failed', host, e)\n")
-    .await;
+         \x20       print('failed', host[0], e.errno)\n\
+         \x20   if host[0] == '127.0.0.1' and HOST: break\n"
+    );
+    let host = host_python(&format!("HOST = True\n{code}"));
+    assert_eq!(host, "CONNECTED 127.0.0.1\n", "control");
+    while listener.accept().is_ok() {}
+    let rec = py(&format!("HOST = False\n{code}")).await;
     assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
-    assert!(!rec.stdout.contains("CONNECTED"), "{rec:?}");
-    assert_eq!(rec.stdout.matches("failed").count(), 3, "{rec:?}");
+    assert_eq!(
+        rec.stdout, "failed 127.0.0.1 101\nfailed 1.1.1.1 101\nfailed 8.8.8.8 101\n",
+        "{rec:?}"
+    );
+    assert!(listener.accept().is_err(), "the host listener was reached");
 }
 
 #[tokio::test]

@@ -85,16 +85,6 @@ pub fn assert_stopped(rec: &RunRecord, elapsed: Duration, budget: Duration) {
     assert!(elapsed <= budget, "took {elapsed:?} > {budget:?}: {rec:?}");
 }
 
-/// Resident set size of this test process, in KiB.
-pub fn self_rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap()
-}
-
 /// Host processes whose command line contains `marker`.
 pub fn host_processes_with(marker: &str) -> Vec<String> {
     let mut found = Vec::new();
@@ -115,6 +105,29 @@ pub fn host_processes_with(marker: &str) -> Vec<String> {
         }
     }
     found
+}
+
+/// Polls `f` every 20 ms until it holds; fails the test after `deadline` naming `what`.
+pub async fn wait_until(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) {
+    let end = std::time::Instant::now() + deadline;
+    while !f() {
+        assert!(
+            std::time::Instant::now() < end,
+            "timed out after {deadline:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Runs `code` with the host's python3, outside any sandbox (the control of a test that
+/// shows the sandbox blocks something), and returns its stdout.
+pub fn host_python(code: &str) -> String {
+    let out = std::process::Command::new(PYTHON)
+        .args(["-c", code])
+        .output()
+        .expect("host python3 runs");
+    assert!(out.status.success(), "host python3 failed: {out:?}");
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// Waits (up to 15 s, for loaded machines) until a host process carries `marker`.

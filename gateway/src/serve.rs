@@ -344,6 +344,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
 
     let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let grpc = tonic::transport::Server::builder()
+        .layer(tower::layer::layer_fn(ZeroDeadline))
         .layer(tower::util::MapResponseLayer::new(
             oversize_is_resource_exhausted,
         ))
@@ -379,6 +380,50 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         shutdown,
         join,
     })
+}
+
+/// Answers a call whose `grpc-timeout` is zero with DEADLINE_EXCEEDED at once. Without it,
+/// tonic's own timeout sometimes fires first and answers CANCELLED "Timeout expired"; this
+/// layer sits inside that one and is polled first.
+#[derive(Debug, Clone)]
+struct ZeroDeadline<S>(S);
+
+fn zero_grpc_timeout(headers: &http::HeaderMap) -> bool {
+    headers
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.get(..v.len().checked_sub(1)?))
+        .and_then(|n| n.parse::<u64>().ok())
+        == Some(0)
+}
+
+impl<S, ReqB, ResB> tower::Service<http::Request<ReqB>> for ZeroDeadline<S>
+where
+    S: tower::Service<http::Request<ReqB>, Response = http::Response<ResB>>,
+    ResB: Default,
+{
+    type Response = http::Response<ResB>;
+    type Error = S::Error;
+    type Future = futures::future::Either<
+        futures::future::Ready<Result<http::Response<ResB>, S::Error>>,
+        S::Future,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<ReqB>) -> Self::Future {
+        if zero_grpc_timeout(req.headers()) {
+            let status =
+                tonic::Status::deadline_exceeded("the call's deadline had already expired");
+            return futures::future::Either::Left(futures::future::ready(Ok(status.into_http())));
+        }
+        futures::future::Either::Right(self.0.call(req))
+    }
 }
 
 /// tonic answers a message over the size limit with OUT_OF_RANGE; the gRPC spec (and our

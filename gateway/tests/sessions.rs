@@ -1884,7 +1884,7 @@ async fn case49_an_expired_session_leaves_nothing() {
         // The busy session outlived its idle timeout and finished its call.
         let (stdout, r) = stream_result(&mut st).await;
         assert!(r.ok, "{r:?}");
-        assert_eq!(stdout, "go\ndone\n");
+        assert_eq!(stdout, "go\ndone\n", "streamed; the result: {r:?}");
         assert!(get(c, &keep).await.is_ok(), "expired while a call ran");
         gw.stop().await;
     })
@@ -2037,6 +2037,191 @@ async fn the_smallest_workspace_size_works_with_the_default_file_cap() {
                 assert!(s.workspace_bytes_limit <= 16 << 20, "{s:?}");
             }
         }
+    })
+    .await
+}
+
+// ---------------------------------------------------------------- ephemeral state, 41, 43
+
+/// Mount points in this process's mount table whose path ends with `suffix`.
+fn mounts_ending_with(suffix: &str) -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|mp| mp.ends_with(suffix))
+        .map(PathBuf::from)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_state_dir_everything_goes_at_shutdown() {
+    bounded(async {
+        let running = within("server start", try_start("{}", None))
+            .await
+            .expect("gateway starts");
+        let mut c = connect(&running).await;
+        let s = session(&mut c, ALL).await;
+        ok(
+            &mut c,
+            &s,
+            "write_file",
+            json!({"path": "f", "content": "x"}),
+        )
+        .await;
+        let mounts = mounts_ending_with(&format!("/workspaces/{s}"));
+        assert_eq!(mounts.len(), 1, "{mounts:?}");
+        let state = mounts[0].parent().unwrap().parent().unwrap().to_path_buf();
+        assert!(state.join("sessions").join(format!("{s}.json")).is_file());
+        running.shutdown();
+        within("server shutdown", running.wait()).await.unwrap();
+        assert!(!mounted(&mounts[0]), "still mounted after shutdown");
+        assert!(!state.exists(), "temporary state dir {state:?} left");
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case41_a_directory_swapped_for_a_symlink_in_a_loop() {
+    bounded(async {
+        let mut gw = Gw::new("{}").await;
+        let c = &mut gw.c.clone();
+        let s = session(c, ALL).await;
+        let passwd = std::fs::read("/etc/passwd").unwrap();
+        let hostname = std::fs::read("/etc/hostname").ok();
+        ok(
+            c,
+            &s,
+            "write_file",
+            json!({"path": "d/passwd", "content": "inner\n", "createDirs": true}),
+        )
+        .await;
+        // The program swaps d for a symlink to /etc (the host's /etc, as the gateway would
+        // see it) as fast as it can, while the file tools work on d/...
+        let cmd = "echo go; while :; do mv d d.real; ln -s /etc d; rm d; mv d.real d; done";
+        let mut st = stream(
+            c,
+            req(&s, "shell", &json!({"command": cmd, "timeout": 5000}), 0),
+        )
+        .await;
+        match next_event(&mut st).await {
+            pb::tool_event::Event::Stdout(chunk) => {
+                assert_eq!(String::from_utf8_lossy(&chunk.data), "go\n")
+            }
+            other => panic!("{other:?}"),
+        }
+        let end = Instant::now() + Duration::from_secs(3);
+        let mut calls = 0;
+        while Instant::now() < end {
+            let (r, out) = call(c, &s, "read_file", json!({"path": "d/passwd"})).await;
+            assert!(
+                !out.to_string().contains("root:"),
+                "read /etc/passwd: {out}"
+            );
+            if r.ok {
+                assert_eq!(out["content"], "     1\tinner\n", "{out}");
+            }
+            let _ = call(
+                c,
+                &s,
+                "write_file",
+                json!({"path": "d/hostname", "content": "pwned"}),
+            )
+            .await;
+            let _ = call(
+                c,
+                &s,
+                "edit",
+                json!({"path": "d/passwd", "old_string": "root", "new_string": "toor"}),
+            )
+            .await;
+            let (_, out) = call(c, &s, "list_directory", json!({"path": "d"})).await;
+            assert!(!out.to_string().contains("shadow"), "listed /etc: {out}");
+            let _ = call(c, &s, "delete_file", json!({"path": "d/hostname"})).await;
+            calls += 1;
+        }
+        let (_, r) = stream_result(&mut st).await;
+        assert_code(&r, "TIMEOUT", "the swapping loop");
+        assert!(calls > 5, "only {calls} rounds ran");
+        assert_eq!(std::fs::read("/etc/passwd").unwrap(), passwd);
+        assert_eq!(std::fs::read("/etc/hostname").ok(), hostname);
+        gw.stop().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case43_huge_files_answer_within_bounds() {
+    bounded(async {
+        let mut gw = Gw::new("{}").await;
+        let c = &mut gw.c.clone();
+        let s = session(c, ALL).await;
+        // Programs may write 16 MiB per file (sandbox.limits.max_file_size_mb): the sparse
+        // 1 TiB file is made on the host side, as another writer could.
+        shell(
+            c,
+            &s,
+            "seq 1500000 > lines && head -c 15000000 /dev/zero | tr '\\0' a > long",
+        )
+        .await;
+        let sparse = gw.ws(&s).join("sparse");
+        std::fs::File::create(&sparse)
+            .unwrap()
+            .set_len(1 << 40)
+            .unwrap();
+        std::os::unix::fs::chown(&sparse, Some(65534), Some(65534)).unwrap();
+        let t0 = Instant::now();
+        let out = ok(c, &s, "read_file", json!({"path": "sparse"})).await;
+        assert_eq!(out["binary"], true, "{out}");
+        assert!(out["content"].as_str().unwrap().len() < 1 << 20);
+        let out = ok(
+            c,
+            &s,
+            "read_file",
+            json!({"path": "lines", "offset": 1499999, "limit": 5}),
+        )
+        .await;
+        assert_eq!(
+            out["content"], "1499999\t1499999\n1500000\t1500000\n",
+            "{out}"
+        );
+        let out = ok(c, &s, "read_file", json!({"path": "lines"})).await;
+        assert_eq!(out["truncated"], true, "{out}");
+        assert!(out["content"].as_str().unwrap().len() <= 16 << 20);
+        let out = ok(c, &s, "read_file", json!({"path": "long"})).await;
+        assert_eq!(
+            out["lines_truncated"]
+                .as_bool()
+                .or(out["linesTruncated"].as_bool()),
+            Some(true),
+            "{}",
+            &out.to_string()[..300.min(out.to_string().len())]
+        );
+        assert!(out["content"].as_str().unwrap().len() < 1 << 20);
+        let (r, _) = call(
+            c,
+            &s,
+            "edit",
+            json!({"path": "sparse", "old_string": "a", "new_string": "b"}),
+        )
+        .await;
+        assert!(!r.ok, "{r:?}");
+        let (r, _) = call(
+            c,
+            &s,
+            "edit",
+            json!({"path": "long", "old_string": "ab", "new_string": "b"}),
+        )
+        .await;
+        assert!(!r.ok, "{r:?}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "took {:?}",
+            t0.elapsed()
+        );
+        let out = ok(c, &s, "grep", json!({"pattern": "^1499999$", "path": "."})).await;
+        assert_eq!(out["rendered"], "lines:1499999: 1499999\n", "{out}");
+        gw.stop().await;
     })
     .await
 }

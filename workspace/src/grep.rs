@@ -3,7 +3,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, sync_channel};
 use std::sync::{Arc, Mutex};
 
@@ -84,7 +84,8 @@ pub struct GrepOutput {
     /// Files that could not be searched, with the reason (the first few).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<GrepSkipped>,
-    /// More matches exist than were returned (or the tree was too large to search whole).
+    /// maxResults was reached (more matches may exist), or the tree was too large to search
+    /// whole.
     pub truncated: bool,
     /// Some matching lines were longer than the cap and were cut.
     pub lines_truncated: bool,
@@ -94,6 +95,17 @@ pub struct GrepOutput {
 const MAX_SKIPPED_LISTED: usize = 20;
 /// Search threads (the gateway machine has two cores; one more would only contend).
 const THREADS: usize = 2;
+
+/// Shared between the search threads. Jobs are taken in walk order; once `found` reaches
+/// the limit, `cutoff` is the highest job index finished by then: every job up to it was taken
+/// before it and is searched to the end, so those jobs alone hold at least `max` matches and
+/// later jobs can be dropped. The output (the first `max` matches in walk order) is the same
+/// whatever the threads' timing.
+struct Progress {
+    found: AtomicUsize,
+    max_done: AtomicUsize,
+    cutoff: AtomicUsize,
+}
 
 struct Job {
     idx: usize,
@@ -258,23 +270,26 @@ impl Workspace {
                 self.open_regular(self.root_fd(), &rel.as_kernel_path(), true, shown)?;
             let mut searcher = ctx.searcher();
             let res = ctx.search(&mut searcher, file, &rel.display(), max);
-            return Ok(assemble(vec![res], false, false, max));
+            return Ok(assemble(vec![res], false, max));
         }
 
         let dir = self.open_dir_rel(&rel, shown)?;
         let (tx, rx) = sync_channel::<Job>(512);
         let rx = Mutex::new(rx);
-        let found = AtomicUsize::new(0);
-        let stopped = AtomicBool::new(false);
+        let progress = Progress {
+            found: AtomicUsize::new(0),
+            max_done: AtomicUsize::new(0),
+            cutoff: AtomicUsize::new(usize::MAX),
+        };
         let results: Mutex<Vec<(usize, FileResult)>> = Mutex::new(Vec::new());
         let mut walker = Walker::new(limits.max_walk_entries, true);
         std::thread::scope(|s| {
             for _ in 0..THREADS {
-                s.spawn(|| worker(&ctx, &rx, &found, &stopped, &results));
+                s.spawn(|| worker(&ctx, &rx, &progress, &results));
             }
             let mut idx = 0usize;
             walker.walk(Arc::new(dir), "", 0, &mut |parent, entry, path| {
-                if found.load(Ordering::Relaxed) >= max {
+                if progress.cutoff.load(Ordering::SeqCst) != usize::MAX {
                     return Flow::Stop;
                 }
                 match entry.kind {
@@ -304,14 +319,15 @@ impl Workspace {
             });
             drop(tx);
         });
-        let walk_cut = walker.truncated || found.load(Ordering::Relaxed) >= max;
+        // Truncated when the walk was cut or maxResults was reached (both deterministic).
+        let cutoff = progress.cutoff.load(Ordering::SeqCst);
+        let walk_cut = walker.truncated || cutoff != usize::MAX;
         let mut results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+        results.retain(|(idx, _)| *idx <= cutoff);
         results.sort_unstable_by_key(|(idx, _)| *idx);
-        let any_skipped_job = stopped.load(Ordering::Relaxed);
         Ok(assemble(
             results.into_iter().map(|(_, r)| r).collect(),
             walk_cut,
-            any_skipped_job,
             max,
         ))
     }
@@ -328,8 +344,7 @@ fn glob_matches(glob: &GlobMatcher, full: bool, path: &str, name: &str) -> bool 
 fn worker(
     ctx: &Ctx<'_>,
     rx: &Mutex<Receiver<Job>>,
-    found: &AtomicUsize,
-    stopped: &AtomicBool,
+    progress: &Progress,
     results: &Mutex<Vec<(usize, FileResult)>>,
 ) {
     let mut searcher = ctx.searcher();
@@ -341,14 +356,17 @@ fn worker(
                 Err(_) => return,
             }
         };
-        // Once enough matches are in, later files are drained unsearched. Files are taken in
-        // walk order, so the searched ones are always a prefix: the output is deterministic.
-        if found.load(Ordering::Relaxed) >= ctx.max {
-            stopped.store(true, Ordering::Relaxed);
+        // Past the cutoff, files are drained unsearched (see `Progress`).
+        if job.idx > progress.cutoff.load(Ordering::SeqCst) {
             continue;
         }
         let res = search_job(ctx, &mut searcher, &job);
-        found.fetch_add(res.matches.len(), Ordering::Relaxed);
+        progress.max_done.fetch_max(job.idx, Ordering::SeqCst);
+        let n = res.matches.len();
+        if progress.found.fetch_add(n, Ordering::SeqCst) + n >= ctx.max {
+            let done = progress.max_done.load(Ordering::SeqCst);
+            progress.cutoff.fetch_min(done, Ordering::SeqCst);
+        }
         if let Ok(mut all) = results.lock() {
             all.push((job.idx, res));
         }
@@ -399,12 +417,7 @@ fn strip_path(e: &FsError, path: &str) -> String {
         .to_owned()
 }
 
-fn assemble(
-    results: Vec<FileResult>,
-    walk_cut: bool,
-    jobs_dropped: bool,
-    max: usize,
-) -> GrepOutput {
+fn assemble(results: Vec<FileResult>, walk_cut: bool, max: usize) -> GrepOutput {
     let mut out = GrepOutput {
         matches: Vec::new(),
         rendered: String::new(),
@@ -413,7 +426,7 @@ fn assemble(
         files_matched: 0,
         binary_files_skipped: 0,
         skipped: Vec::new(),
-        truncated: walk_cut || jobs_dropped,
+        truncated: walk_cut,
         lines_truncated: false,
     };
     for res in results {

@@ -166,9 +166,14 @@ impl Workspace {
             let Some((bytes, cut_bytes)) = scan.read_line(max_line_bytes)? else {
                 break;
             };
-            if memchr::memchr(0, &bytes).is_some() {
-                mark_binary(out);
-                return Ok(());
+            if scan.nul || memchr::memchr(0, &bytes).is_some() {
+                if returned == 0 {
+                    mark_binary(out);
+                    return Ok(());
+                }
+                // Text, then binary data (a sparse tail): keep the text lines.
+                scan.nul = true;
+                break;
             }
             let (mut text, mut cut) = match std::str::from_utf8(&bytes) {
                 Ok(s) => (s, cut_bytes),
@@ -202,6 +207,16 @@ impl Workspace {
         scan.skip_lines(u64::MAX)?;
         if scan.nul && returned == 0 {
             mark_binary(out);
+            return Ok(());
+        }
+        if scan.nul {
+            // Text first, then binary data (a sparse tail, an archive appended): the lines
+            // above are returned, the rest is not counted.
+            out.truncated = true;
+            out.note = Some(format!(
+                "binary data (NUL bytes) follows line {}; the rest is not shown",
+                line_no - 1
+            ));
             return Ok(());
         }
         if scan.capped {
@@ -310,6 +325,10 @@ impl<R: Read> Scanner<R> {
             self.nul |= nul;
             self.last = Some(last);
             self.consume(cut);
+            if nul {
+                // Binary data (or a sparse file's holes): stop scanning at once.
+                break;
+            }
         }
         Ok(passed)
     }
@@ -330,6 +349,13 @@ impl<R: Read> Scanner<R> {
                 Some(pos) => (pos + 1, true),
                 None => (buf.len(), false),
             };
+            if memchr::memchr(0, &buf[..take]).is_some() {
+                // Binary data: never scan on through it looking for a newline (a sparse
+                // terabyte of zeros has none).
+                self.nul = true;
+                self.consume(take);
+                return Ok(Some((line, cut)));
+            }
             let body = if done { take - 1 } else { take };
             let room = max.saturating_sub(line.len());
             if body > room {

@@ -134,6 +134,26 @@ impl Gw {
     }
 }
 
+/// A test that fails before [`Gw::stop`] would leave its workspaces mounted (and its state
+/// dir undeletable): stop the server and detach them.
+impl Drop for Gw {
+    fn drop(&mut self) {
+        if let Some(r) = self.running.take() {
+            r.shutdown();
+        }
+        let prefix = format!("{}/", self.state.join("workspaces").display());
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        for mp in info.lines().filter_map(|l| l.split(' ').nth(4)) {
+            if mp.starts_with(&prefix) {
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(mp)
+                    .status();
+            }
+        }
+    }
+}
+
 async fn connect(running: &Running) -> Client {
     ToolServiceClient::connect(format!("http://{}", running.grpc_addr))
         .await

@@ -162,7 +162,25 @@ impl SessionsConfig {
                 });
             }
         }
+        // Each file is an ext4 inode of 256 bytes; their tables may take at most half the
+        // workspace (mkfs.ext4 refuses more).
+        let max_files = self.max_files_for_size();
+        if self.workspace_max_files > max_files {
+            return Err(ConfigError::Invalid {
+                key: "sessions.workspace_max_files".into(),
+                message: format!(
+                    "{} files do not fit a workspace of {} MiB (sessions.workspace_size_mb): \
+                     at most {max_files}",
+                    self.workspace_max_files, self.workspace_size_mb
+                ),
+            });
+        }
         Ok(())
+    }
+
+    /// The most files (inodes) a workspace of `workspace_size_mb` can hold.
+    pub fn max_files_for_size(&self) -> u64 {
+        (self.workspace_size_mb << 20) / 2 / 256
     }
 }
 
@@ -546,6 +564,14 @@ mod tests {
         let e = Config::from_yaml("tools: {shell: {timeout_ms: 600001}}").unwrap_err();
         assert!(e.to_string().contains("tools.shell.timeout_ms"), "{e}");
         Config::from_yaml("tools: {shell: {timeout_ms: 600000}}").unwrap();
+        // The smallest workspace cannot hold the default file count: the pair is refused.
+        let e = Config::from_yaml("sessions: {workspace_size_mb: 16}").unwrap_err();
+        assert!(
+            e.to_string().contains("sessions.workspace_max_files"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("at most 32768"), "{e}");
+        Config::from_yaml("sessions: {workspace_size_mb: 16, workspace_max_files: 32768}").unwrap();
     }
 
     #[test]

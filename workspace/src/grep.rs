@@ -82,7 +82,7 @@ pub struct GrepOutput {
     /// Files passed over because they hold binary data (a NUL byte).
     pub binary_files_skipped: u64,
     /// Files that could not be searched, with the reason (the first few).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<GrepSkipped>,
     /// maxResults was reached (more matches may exist), or the tree was too large to search
     /// whole.

@@ -56,13 +56,13 @@ pub struct ReadFileOutput {
     /// Last modification time, RFC 3339 UTC.
     pub modified: String,
     /// utf-8: the number of the first line returned.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_line: Option<u64>,
     /// utf-8: how many lines `content` holds.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lines_returned: Option<u64>,
     /// utf-8: the file's total number of lines, when the file was small enough to count.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_lines: Option<u64>,
     /// More of the file exists past what `content` holds (read on with a larger offset).
     pub truncated: bool,
@@ -71,7 +71,7 @@ pub struct ReadFileOutput {
     /// The file holds NUL bytes or invalid UTF-8; its text was not returned.
     pub binary: bool,
     /// A hint for the next call (binary file, offset past the end, lines cut).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
 

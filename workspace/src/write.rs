@@ -23,8 +23,18 @@ pub struct WriteFileArgs {
     #[serde(default)]
     pub encoding: Option<Encoding>,
     /// Create missing parent directories (default false).
-    #[serde(default, alias = "createDirectories")]
+    #[serde(default)]
     pub create_dirs: Option<bool>,
+    /// Seed 001's name for createDirs (either may be given; true if either is).
+    #[serde(default)]
+    pub create_directories: Option<bool>,
+}
+
+impl WriteFileArgs {
+    /// createDirs or seed 001's createDirectories.
+    pub fn wants_dirs(&self) -> bool {
+        self.create_dirs.unwrap_or(false) || self.create_directories.unwrap_or(false)
+    }
 }
 
 /// What write_file returns.
@@ -73,11 +83,11 @@ impl Workspace {
         let Some((parent, _)) = rel.split_last() else {
             unreachable!("parse(_, false) never returns the root");
         };
-        if args.create_dirs.unwrap_or(false) {
+        if args.wants_dirs() {
             self.create_dirs(&parent, shown)?;
         }
         let (dir, name) = self.open_parent(&rel, shown).map_err(|e| {
-            if e.code == FsErrorCode::FileNotFound && args.create_dirs != Some(true) {
+            if e.code == FsErrorCode::FileNotFound && !args.wants_dirs() {
                 FsError::new(
                     FsErrorCode::FileNotFound,
                     format!("{}; pass createDirs: true to create it", e.message),

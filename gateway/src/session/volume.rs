@@ -85,9 +85,11 @@ impl Volumes {
                 "not root: cannot mount a size-capped filesystem per workspace".into(),
             ));
         }
+        // A workspace of the configured size and file count, so a setting mkfs refuses
+        // fails here, at startup, not at every CreateSession.
         let id = format!(".probe-{}", std::process::id());
         let _ = self.remove(&id);
-        self.create_ext4(&id, 16 << 20, 128)?;
+        self.create_ext4(&id, self.size_bytes, self.max_files)?;
         self.remove(&id)
     }
 

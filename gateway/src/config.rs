@@ -106,6 +106,11 @@ pub struct SessionsConfig {
     /// How long a call waits for its approval, seconds (default 300; never past the
     /// caller's deadline).
     pub approval_timeout_seconds: u64,
+    /// The file tools fdatasync each file they write before renaming it into place, so it
+    /// survives a host crash too (default false: a gateway crash loses nothing either way,
+    /// the page cache holds the data and ext4 orders it before the rename; programs'
+    /// own writes are not synced either; true doubles write_file's latency).
+    pub sync_writes: bool,
 }
 
 impl Default for SessionsConfig {
@@ -119,6 +124,7 @@ impl Default for SessionsConfig {
             max_file_bytes: 16 * 1024 * 1024,
             default_approval_mode: ApprovalMode::Safe,
             approval_timeout_seconds: 300,
+            sync_writes: false,
         }
     }
 }

@@ -36,6 +36,9 @@ pub struct WorkspaceLimits {
     /// be shared with a file outside the workspace (SECURITY-CASES 45). Writes never modify a
     /// linked inode either way (temporary file, then rename).
     pub allow_hard_links: bool,
+    /// fdatasync each written file before it is renamed into place: the write survives a
+    /// host crash, not only a gateway crash (which the page cache already survives).
+    pub sync_writes: bool,
 }
 
 /// 16 MiB.
@@ -57,6 +60,7 @@ impl Default for WorkspaceLimits {
             max_grep_line_bytes: 8 << 20,
             max_edit_bytes: MAX_FILE_BYTES,
             allow_hard_links: false,
+            sync_writes: true,
         }
     }
 }

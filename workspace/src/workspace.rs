@@ -291,8 +291,10 @@ impl Workspace {
             rfs::fchmod(&file, Mode::from_raw_mode(mode & 0o777))
                 .map_err(|e| FsError::from_errno(e, shown, "chmod"))?;
             self.chown_fd(&file, shown)?;
-            file.sync_data()
-                .map_err(|e| io_error(e, shown, "syncing"))?;
+            if self.limits.sync_writes {
+                file.sync_data()
+                    .map_err(|e| io_error(e, shown, "syncing"))?;
+            }
             Ok(())
         })();
         drop(file);

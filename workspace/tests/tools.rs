@@ -670,7 +670,13 @@ fn schemas_use_the_design_names() {
     assert_eq!(
         props(schemars::schema_for!(WriteFileArgs)),
         // createDirectories: seed 001's name, in the schema so closed schemas accept it.
-        ["content", "createDirectories", "createDirs", "encoding", "path"]
+        [
+            "content",
+            "createDirectories",
+            "createDirs",
+            "encoding",
+            "path"
+        ]
     );
     assert_eq!(
         props(schemars::schema_for!(ListDirectoryArgs)),

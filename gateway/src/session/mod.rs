@@ -355,6 +355,7 @@ impl SessionManager {
     fn workspace_limits(&self) -> WorkspaceLimits {
         WorkspaceLimits {
             max_file_bytes: self.config.max_file_bytes,
+            sync_writes: self.config.sync_writes,
             ..WorkspaceLimits::default()
         }
     }

@@ -458,16 +458,26 @@ async fn session_scenarios(addr: &str, args: &BenchArgs) -> Result<Vec<Report>, 
             eprintln!("{failed} files of the grep tree could not be written");
         }
     }
-    // Few matches, so both scan every file and neither is bound by printing.
-    let pattern = r"fn\s+[a-z_]+_session\w*\(";
+    // Few matches (well under maxResults), so both scan every file and neither is bound
+    // by printing; the grep call must report every file searched and nothing truncated.
+    let pattern = r"fn\s+(sweep_ephemeral|valid_session)_\w+\(";
     let grep = json!({"pattern": pattern, "path": "tree", "maxResults": 1000});
     let grep_runs = runs.min(20);
+    let want = files.len() as u64;
     out.push(
         sample(&format!("grep {} files", files.len()), grep_runs, || {
             let (mut c, g, s) = (c.clone(), grep.clone(), session.clone());
             async move {
-                let (us, ok, _) = call_ok(&mut c, "grep", &g, &s).await;
-                (us, ok)
+                let (us, ok, o) = call_ok(&mut c, "grep", &g, &s).await;
+                let v: serde_json::Value = serde_json::from_str(&o).unwrap_or_default();
+                let complete = v["filesSearched"] == want && v["truncated"] == false;
+                if ok && !complete {
+                    eprintln!(
+                        "grep did not search the whole tree: {} of {want} files, truncated {}",
+                        v["filesSearched"], v["truncated"]
+                    );
+                }
+                (us, ok && complete)
             }
         })
         .await,
@@ -484,7 +494,10 @@ async fn session_scenarios(addr: &str, args: &BenchArgs) -> Result<Vec<Report>, 
                     .args(["-n", "--no-heading", "--no-ignore", "--hidden", pattern])
                     .arg(&local)
                     .output();
-                let ok = o.as_ref().is_ok_and(|o| o.status.success());
+                // 0: matches, 1: none; both searched the whole tree.
+                let ok = o
+                    .as_ref()
+                    .is_ok_and(|o| matches!(o.status.code(), Some(0) | Some(1)));
                 rg_ok &= o.is_ok();
                 async move { (t.elapsed().as_micros() as u64, ok) }
             },

@@ -103,7 +103,7 @@ struct Inner {
     info: SandboxInfo,
     /// Serialises "drop this thread's credentials, fork": the credential change resets the
     /// process-wide dumpable flag, which the forked child needs set to write its uid_map.
-    spawn_lock: Mutex<()>,
+
     /// Where each run's root mount point is made (`<tmp>/toolrun-sandbox`).
     root_base: PathBuf,
     /// The shape a prepared sandbox is made for (the configured limits, no workspace).
@@ -194,7 +194,6 @@ impl LocalSandbox {
                 backend: "local".into(),
                 mechanisms: Vec::new(),
             },
-            spawn_lock: Mutex::new(()),
             root_base: root_base(drop_to_nobody)?,
             default_shape: RunShape::for_run(&config.limits, None)?,
             prepared: Mutex::new(None),

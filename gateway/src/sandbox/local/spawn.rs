@@ -32,6 +32,11 @@ pub(super) struct Spawned {
     pub status: oneshot::Receiver<hakoniwa::Result<String>>,
 }
 
+
+/// Serialises [`Inner::spawn_here`] across every sandbox of the process (the credential
+/// change resets the process-wide dumpable flag that the forked child needs set).
+static SPAWN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// A prepared sandbox in its slot.
 pub(super) struct Prepared(Option<Spawned>);
 
@@ -137,7 +142,7 @@ impl Inner {
 
     /// Forks the sandbox of `shape` from the current (dedicated, unpooled) thread.
     ///
-    /// This is the only place where credentials change; the sequence, under `spawn_lock`:
+    /// This is the only place where credentials change; the sequence, under [`SPAWN_LOCK`]:
     /// 1. move this thread into the run's cgroups, so the fork starts inside them;
     /// 2. when the gateway is root, drop this thread (raw per-thread syscalls, not glibc's
     ///    process-wide setuid) to groups `[]`, gid 65534 and uid 65534 with saved uid 0,
@@ -150,14 +155,15 @@ impl Inner {
     /// 5. back to this thread's own cgroups (needs root): a gateway thread left in the
     ///    run's memory group would make the gateway an OOM-kill candidate of the run.
     ///
-    /// The lock serialises the dumpable flag, which is process-wide.
+    /// The lock serialises the dumpable flag, which is process-wide: one lock for the whole
+    /// process, not one per sandbox (tests and benches run several in one process).
     pub(super) fn spawn_here(
         &self,
         cg: Option<&RunCgroup>,
         shape: &RunShape,
         root: &Path,
     ) -> Result<hakoniwa::Child, SandboxError> {
-        let _guard = self.spawn_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let tid = rustix::thread::gettid().as_raw_nonzero().get();
         // 1.
         let home =

@@ -460,8 +460,10 @@ async fn case20_only_standard_fds() {
 async fn case23_setuid_gains_nothing() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::os::unix::process::CommandExt;
-    let dir =
-        std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("setuid-{}", marker()));
+    // Not under the target dir: a checkout under /tmp would put it under a prefix that
+    // readonly_paths refuses. /var/tmp is on the host's root filesystem (suid allowed there,
+    // so the control holds) and traversable by uid 65534.
+    let dir = std::path::Path::new("/var/tmp").join(format!("toolrun-setuid-{}", marker()));
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let id = dir.join("id");

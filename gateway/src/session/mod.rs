@@ -69,6 +69,37 @@ fn remove_state_dir(dir: &Path) {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Sandboxed programs (uid 65534) reach their workspace through the state dir: it and
+/// every directory above it must be searchable by others. The state dir is made so (0711:
+/// searchable, not listable); the records directory stays private.
+fn check_traversable(dir: &Path) -> Result<(), SessionError> {
+    use std::os::unix::fs::PermissionsExt;
+    if !rustix::process::geteuid().is_root() {
+        return Ok(());
+    }
+    let set = |p: &Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| SessionError::Storage(format!("chmod {p:?}: {e}")))
+    };
+    set(dir, 0o711)?;
+    set(&dir.join("sessions"), 0o700)?;
+    for a in dir.ancestors().skip(1) {
+        let mode = std::fs::metadata(a)
+            .map_err(|e| SessionError::Storage(format!("{a:?}: {e}")))?
+            .permissions()
+            .mode();
+        if mode & 0o001 == 0 {
+            return Err(SessionError::Storage(format!(
+                "state dir {dir:?}: {a:?} (mode {:o}) is not searchable by the sandbox's uid \
+                 65534, so programs could not reach their workspace: chmod o+x it, or choose \
+                 another --state-dir",
+                mode & 0o7777
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// How often the reaper looks for idle sessions.
 const REAP_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -290,6 +321,7 @@ impl SessionManager {
         std::fs::create_dir_all(dir.join("sessions"))
             .map_err(|e| storage(e, &format!("cannot create state dir {dir:?}")))?;
         let dir = dir.canonicalize().map_err(|e| storage(e, "state dir"))?;
+        check_traversable(&dir)?;
         let lock = std::fs::File::create(dir.join("lock")).map_err(|e| storage(e, "lock file"))?;
         if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
             return Err(SessionError::Storage(format!(

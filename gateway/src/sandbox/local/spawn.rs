@@ -32,7 +32,6 @@ pub(super) struct Spawned {
     pub status: oneshot::Receiver<hakoniwa::Result<String>>,
 }
 
-
 /// Serialises [`Inner::spawn_here`] across every sandbox of the process (the credential
 /// change resets the process-wide dumpable flag that the forked child needs set).
 static SPAWN_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());

@@ -293,7 +293,10 @@ impl Run {
                     if overflow.is_none() && !timed_out {
                         overflow = Some(id);
                     }
-                    drain_until.get_or_insert(now + DRAIN_GRACE);
+                    // From now, not from before the wait: `now` is as old as the wait was
+                    // long (a program quiet for seconds, then exiting, would otherwise get no
+                    // grace at all and lose its last output).
+                    drain_until.get_or_insert(Instant::now() + DRAIN_GRACE);
                     kill_all(self.child);
                 }
                 Ok(Msg::Eof(StreamId::Stdout)) => out_eof = true,
@@ -302,7 +305,8 @@ impl Run {
                     duration.get_or_insert(self.started.elapsed());
                     exited = Some((status, cpu));
                     // Whatever the program left behind (daemons, background jobs) dies now.
-                    drain_until.get_or_insert(now + DRAIN_GRACE);
+                    // The grace counts from now (see Overflow above).
+                    drain_until.get_or_insert(Instant::now() + DRAIN_GRACE);
                     kill_all(self.child);
                 }
                 Ok(Msg::AllReaped) => all_reaped = true,

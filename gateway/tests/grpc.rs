@@ -12,15 +12,16 @@ use toolrun_proto::v1::tool_service_client::ToolServiceClient;
 async fn server_with(
     config: Option<&str>,
 ) -> (Running, ToolServiceClient<tonic::transport::Channel>) {
-    let config_path = config.map(|text| {
+    // Read once at startup; the file goes when this function returns.
+    let config_file = config.map(|text| {
         let f = tempfile::NamedTempFile::new().unwrap();
         std::fs::write(f.path(), text).unwrap();
-        f.into_temp_path().keep().unwrap()
+        f
     });
     let running = start(ServeArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
-        config: config_path,
+        config: config_file.as_ref().map(|f| f.path().to_path_buf()),
         no_sandbox: true,
         max_message_bytes: 256 * 1024,
         ..ServeArgs::default()

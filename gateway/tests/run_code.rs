@@ -11,13 +11,13 @@ use toolrun_proto::v1::tool_service_client::ToolServiceClient;
 type Client = ToolServiceClient<tonic::transport::Channel>;
 
 async fn gateway(config: &str, drain_timeout_ms: u64) -> (Running, Client) {
+    // Read once at startup; the file goes when this function returns.
     let f = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(f.path(), config).unwrap();
-    let path = f.into_temp_path().keep().unwrap();
     let running = start(ServeArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
-        config: Some(path),
+        config: Some(f.path().to_path_buf()),
         drain_timeout_ms,
         ..ServeArgs::default()
     })

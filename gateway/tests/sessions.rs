@@ -54,10 +54,11 @@ async fn within<F: Future>(what: &str, f: F) -> F::Output {
         .unwrap_or_else(|_| panic!("{what}: no answer within {RPC_BOUND:?}"))
 }
 
-fn config_file(yaml: &str) -> PathBuf {
+/// The config as a temporary file (read once at startup; removed when dropped).
+fn config_file(yaml: &str) -> tempfile::NamedTempFile {
     let f = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(f.path(), yaml).unwrap();
-    f.into_temp_path().keep().unwrap()
+    f
 }
 
 /// A state dir in a fresh temporary directory (traversable like /var/lib/toolrun).
@@ -69,10 +70,11 @@ fn state_dir() -> tempfile::TempDir {
 
 async fn try_start(yaml: &str, state: Option<&Path>) -> Result<Running, ServeError> {
     ensure_runner_built();
+    let config = config_file(yaml);
     start(ServeArgs {
         listen: "127.0.0.1:0".parse().unwrap(),
         admin_listen: "127.0.0.1:0".parse().unwrap(),
-        config: Some(config_file(yaml)),
+        config: Some(config.path().to_path_buf()),
         drain_timeout_ms: 1_000,
         max_message_bytes: 32 * 1024 * 1024,
         state_dir: state.map(Path::to_path_buf),

@@ -22,18 +22,6 @@ use crate::tool::{
     ApprovalPolicy, CallContext, Category, Determinism, SideEffect, ToolMetadata, TypedTool, typed,
 };
 
-/// Ids of the file tools.
-pub const FILE_TOOLS: &[&str] = &[
-    "read_file",
-    "write_file",
-    "list_directory",
-    "delete_file",
-    "move_file",
-    "glob",
-    "grep",
-    "edit",
-];
-
 /// The tool result of a file-access failure.
 pub fn fs_error(e: FsError) -> ToolError {
     let code = match e.code {

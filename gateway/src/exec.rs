@@ -545,7 +545,13 @@ impl Executor {
     ) -> Result<(Value, Option<Value>), ToolError> {
         let meta = entry.tool.metadata();
         let mut approved_kind = None;
-        let mut note: Option<Value> = None;
+        // What the result tells the model: the approval's id, the approver's message, and
+        // the arguments when the approver changed them (only worth telling with one of those).
+        let mut note = serde_json::Map::new();
+        let told = |note: serde_json::Map<String, Value>| {
+            (note.contains_key("message") || note.contains_key("arguments"))
+                .then_some(Value::Object(note))
+        };
         for _ in 0..MAX_APPROVAL_ROUNDS {
             let ask = match mode {
                 ApprovalMode::All => None,
@@ -559,11 +565,11 @@ impl Executor {
                 ),
             };
             let Some(ask) = ask else {
-                return Ok((args, note));
+                return Ok((args, told(note)));
             };
             // Arguments the approver wrote need no fresh approval unless they ask for more.
             if approved_kind.is_some_and(|k| ask.kind <= k) {
-                return Ok((args, note));
+                return Ok((args, told(note)));
             }
             let kind = ask.kind;
             let timeout = Duration::from_secs(
@@ -603,32 +609,19 @@ impl Executor {
                 }
                 WaitOutcome::Decided(Decision::Approve { arguments, message }) => {
                     approved_kind = Some(kind);
-                    let mut n = serde_json::Map::new();
-                    n.insert("approvalId".into(), json!(approval_id));
+                    note.insert("approvalId".into(), json!(approval_id));
                     if !message.is_empty() {
-                        n.insert("message".into(), json!(message));
+                        note.insert("message".into(), json!(message));
                     }
-                    match arguments {
-                        Some(new) if new != args => {
-                            validate(&entry.validator, &new)?;
-                            n.insert("argumentsModified".into(), json!(true));
-                            n.insert("arguments".into(), new.clone());
-                            args = new;
-                            note = Some(Value::Object(n));
-                            // The changed call may need a stronger approval: ask again.
-                            continue;
-                        }
-                        _ => {
-                            if n.len() > 1 || note.is_some() {
-                                let mut merged = note
-                                    .and_then(|v| v.as_object().cloned())
-                                    .unwrap_or_default();
-                                merged.extend(n);
-                                note = Some(Value::Object(merged));
-                            }
-                            return Ok((args, note));
-                        }
+                    if let Some(new) = arguments.filter(|new| *new != args) {
+                        validate(&entry.validator, &new)?;
+                        note.insert("argumentsModified".into(), json!(true));
+                        note.insert("arguments".into(), new.clone());
+                        args = new;
+                        // The changed call may need a stronger approval: ask again.
+                        continue;
                     }
+                    return Ok((args, told(note)));
                 }
                 WaitOutcome::TimedOut => {
                     return Err(ToolError::new(

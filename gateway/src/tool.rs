@@ -312,6 +312,10 @@ impl<T: TypedTool> Tool for Typed<T> {
         args: &Value,
         ctx: &CallContext,
     ) -> Result<Option<ApprovalAsk>, ToolError> {
+        // A tool that never asks needs no second parse of its arguments.
+        if self.metadata.approval == ApprovalPolicy::Never {
+            return Ok(None);
+        }
         let input: T::Input = serde_json::from_value(args.clone())
             .map_err(|e| ToolError::invalid_arguments(e.to_string()))?;
         self.tool.approval(&input, args, ctx).await

@@ -181,6 +181,13 @@ async fn sessions_and_approvals_from_the_command_line() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let id = text(&out.stdout).trim().to_string();
     assert!(id.starts_with("s-") && id.len() == 34, "{id:?}");
+    let read_notes = [
+        "call",
+        "--session",
+        &id,
+        "read_file",
+        r#"{"path":"notes.txt"}"#,
+    ];
 
     let out = toolrun(
         &s,
@@ -267,18 +274,7 @@ async fn sessions_and_approvals_from_the_command_line() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["output"]["approval"]["argumentsModified"], true);
     assert_eq!(v["output"]["approval"]["arguments"]["new_string"], "delta");
-    let out = toolrun(
-        &s,
-        &[
-            "call",
-            "--session",
-            &id,
-            "read_file",
-            r#"{"path":"notes.txt"}"#,
-        ],
-        None,
-    )
-    .await;
+    let out = toolrun(&s, &read_notes, None).await;
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["output"]["content"], "     1\talpha\n     2\tdelta\n");
 
@@ -286,18 +282,7 @@ async fn sessions_and_approvals_from_the_command_line() {
     assert!(text(&out.stdout).contains(&id));
     let out = toolrun(&s, &["session", "close", &id], None).await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let out = toolrun(
-        &s,
-        &[
-            "call",
-            "--session",
-            &id,
-            "read_file",
-            r#"{"path":"notes.txt"}"#,
-        ],
-        None,
-    )
-    .await;
+    let out = toolrun(&s, &read_notes, None).await;
     assert_eq!(out.status.code(), Some(1));
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["error"]["code"], "SESSION_NOT_FOUND");

@@ -8,13 +8,10 @@
 
 mod sandbox_common;
 
-use std::os::unix::fs::PermissionsExt;
-
 use sandbox_common::*;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-use toolrun::config::SandboxConfig;
-use toolrun::sandbox::{LocalSandbox, Sandbox};
+use toolrun::sandbox::Sandbox;
 use toolrun::tool::StreamChunk;
 use toolrun_runner::{Language, Verdict};
 
@@ -76,31 +73,6 @@ async fn flood_peak_growth_mib(stream: &str, newline: bool) -> u64 {
     grown
 }
 
-/// A sandbox whose "runner" prints one 100 MB line instead of its JSON record when the
-/// program says FAKE_HUGE (and a plain record otherwise: the startup probes).
-fn huge_line_sandbox() -> (LocalSandbox, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let script = dir.path().join("fake-runner");
-    std::fs::write(
-        &script,
-        r#"#!/bin/bash
-spec=$(cat)
-case "$spec" in
-  *FAKE_HUGE*) head -c 100000000 /dev/zero | tr '\0' a ;;
-  *) echo '{"event":"result","version":1,"verdict":"OK","exit_code":0,"signal":null,"stdout":"","stderr":"","stdout_truncated":false,"stderr_truncated":false,"timed_out":false,"duration_ms":0,"message":""}' ;;
-esac
-"#,
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let config = SandboxConfig {
-        runner_path: Some(script),
-        ..SandboxConfig::default()
-    };
-    (LocalSandbox::new(&config).unwrap(), dir)
-}
-
 #[tokio::test]
 async fn peak_memory_stays_flat_during_floods() {
     // Warm up: the sandbox, the runtime and a first run are part of the baseline.
@@ -135,7 +107,7 @@ async fn peak_memory_stays_flat_during_floods() {
     }
 
     // A runner answering with a 100 MB line: refused without holding the line.
-    let (sb, _dir) = huge_line_sandbox();
+    let (sb, _dir) = broken_runner_sandbox();
     let baseline = reset_peak();
     let err = sb
         .run(

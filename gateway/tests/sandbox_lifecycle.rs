@@ -3,7 +3,6 @@
 
 mod sandbox_common;
 
-use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use sandbox_common::*;
@@ -130,33 +129,6 @@ fn info_reports_the_mechanisms() {
         assert!(active(name), "{name} inactive: {info:?}");
     }
     assert!(!active("cgroup-v2"));
-}
-
-/// A sandbox whose "runner" is a script misbehaving on request (the spec's code says how).
-fn broken_runner_sandbox() -> (LocalSandbox, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let script = dir.path().join("fake-runner");
-    std::fs::write(
-        &script,
-        r#"#!/bin/bash
-spec=$(cat)
-case "$spec" in
-  *FAKE_HANG*) exec sleep 1000 ;;
-  *FAKE_GARBAGE*) echo 'not json' ;;
-  *FAKE_HUGE*) head -c 100000000 /dev/zero | tr '\0' a ;;
-  *FAKE_NORECORD*) echo '{"event":"stdout","data":"partial"}' ;;
-  *) echo '{"event":"result","version":1,"verdict":"OK","exit_code":0,"signal":null,"stdout":"","stderr":"","stdout_truncated":false,"stderr_truncated":false,"timed_out":false,"duration_ms":0,"message":""}' ;;
-esac
-"#,
-    )
-    .unwrap();
-    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let config = SandboxConfig {
-        runner_path: Some(script),
-        ..SandboxConfig::default()
-    };
-    (LocalSandbox::new(&config).unwrap(), dir)
 }
 
 #[tokio::test]

@@ -3,11 +3,14 @@
 //! with its own server and state dir. SECURITY-CASES.md 15-18 and 40-49 through the
 //! gateway's front door.
 
+mod sandbox_common;
+
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use sandbox_common::ensure_runner_built;
 use serde_json::{Value, json};
 use tonic::Code;
 use toolrun::serve::{Running, ServeArgs, ServeError, start};
@@ -22,23 +25,6 @@ const TEST_BOUND: Duration = Duration::from_secs(80);
 const RPC_BOUND: Duration = Duration::from_secs(30);
 
 // ---------------------------------------------------------------- harness
-
-fn ensure_runner_built() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let exe = std::env::current_exe().unwrap();
-        let profile_dir = exe.parent().unwrap().parent().unwrap();
-        if profile_dir.join("toolrun-runner").is_file() {
-            return;
-        }
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "-p", "toolrun-runner"])
-            .status()
-            .expect("cargo build -p toolrun-runner");
-        assert!(status.success());
-    });
-}
 
 /// Runs a test body within [`TEST_BOUND`].
 async fn bounded<F: Future>(f: F) -> F::Output {

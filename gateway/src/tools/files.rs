@@ -47,7 +47,7 @@ pub fn fs_error(e: FsError) -> ToolError {
 /// One file operation of the core, as a tool.
 pub trait FileOp: Send + Sync + 'static {
     /// Arguments (the core's type).
-    type Args: DeserializeOwned + JsonSchema + Send + Sync + 'static;
+    type Args: DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static;
     /// Output (the core's type).
     type Output: Serialize + JsonSchema + Send + 'static;
     /// Metadata.
@@ -88,16 +88,12 @@ impl<O: FileOp> TypedTool for FileTool<O> {
 
     async fn approval(
         &self,
-        _input: &O::Args,
-        args: &Value,
+        input: &O::Args,
+        _args: &Value,
         ctx: &CallContext,
     ) -> Result<Option<ApprovalAsk>, ToolError> {
-        if O::META.approval == ApprovalPolicy::Never {
-            return Ok(None);
-        }
         let session = ctx.require_session(O::META.id)?.clone();
-        let input: O::Args = serde_json::from_value(args.clone())
-            .map_err(|e| ToolError::invalid_arguments(e.to_string()))?;
+        let input = input.clone();
         blocking(move || O::ask(&session.workspace, &input)).await
     }
 

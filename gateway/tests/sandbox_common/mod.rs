@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ pub fn sandbox() -> &'static LocalSandbox {
     })
 }
 
-fn ensure_runner_built() {
+pub fn ensure_runner_built() {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
     if profile_dir.join("toolrun-runner").is_file() {
@@ -140,4 +141,33 @@ pub async fn wait_for_marker(marker: &str) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A sandbox whose "runner" is a script misbehaving on request (the spec's code says how):
+/// FAKE_HANG, FAKE_GARBAGE, FAKE_HUGE (one 100 MB line), FAKE_NORECORD; otherwise a plain
+/// record (the startup probes).
+pub fn broken_runner_sandbox() -> (LocalSandbox, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let script = dir.path().join("fake-runner");
+    std::fs::write(
+        &script,
+        r#"#!/bin/bash
+spec=$(cat)
+case "$spec" in
+  *FAKE_HANG*) exec sleep 1000 ;;
+  *FAKE_GARBAGE*) echo 'not json' ;;
+  *FAKE_HUGE*) head -c 100000000 /dev/zero | tr '\0' a ;;
+  *FAKE_NORECORD*) echo '{"event":"stdout","data":"partial"}' ;;
+  *) echo '{"event":"result","version":1,"verdict":"OK","exit_code":0,"signal":null,"stdout":"","stderr":"","stdout_truncated":false,"stderr_truncated":false,"timed_out":false,"duration_ms":0,"message":""}' ;;
+esac
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = SandboxConfig {
+        runner_path: Some(script),
+        ..SandboxConfig::default()
+    };
+    (LocalSandbox::new(&config).unwrap(), dir)
 }

@@ -14,7 +14,7 @@
 
 use serde_json::{Value, json};
 
-use super::{ProviderCall, arguments_text, array_field, kind, result_text, str_field};
+use super::{ProviderCall, array_field, kind, object_arguments_text, result_text, str_field};
 use crate::exec::CallOutcome;
 use crate::registry::Entry;
 
@@ -54,7 +54,7 @@ pub fn parse(v: &Value) -> Result<Vec<ProviderCall>, String> {
         calls.push(ProviderCall {
             id: str_field(block, "id"),
             name: str_field(block, "name"),
-            arguments_json: arguments_text(block.get("input")),
+            arguments_json: object_arguments_text(block.get("input")),
         });
     }
     Ok(calls)
@@ -110,7 +110,7 @@ mod tests {
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[0].arguments_json, r#"{"expression":"2+2"}"#);
         // A string input reaches the executor as a JSON string: INVALID_ARGUMENTS there.
-        assert_eq!(calls[1].arguments_json, "not an object");
+        assert_eq!(calls[1].arguments_json, r#""not an object""#);
         assert_eq!(parse(&msg["content"]).unwrap(), calls);
         assert!(
             parse(&json!({"role": "assistant"}))

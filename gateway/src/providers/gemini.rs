@@ -17,7 +17,7 @@
 use serde_json::{Map, Value, json};
 
 use super::{
-    ProviderCall, arguments_text, array_field, error_value, kind, output_value, str_field,
+    ProviderCall, array_field, error_value, kind, object_arguments_text, output_value, str_field,
 };
 use crate::exec::CallOutcome;
 use crate::registry::Entry;
@@ -72,7 +72,7 @@ pub fn parse(v: &Value) -> Result<Vec<ProviderCall>, String> {
         calls.push(ProviderCall {
             id: str_field(call, "id"),
             name: str_field(call, "name"),
-            arguments_json: arguments_text(call.get("args")),
+            arguments_json: object_arguments_text(call.get("args")),
         });
     }
     Ok(calls)

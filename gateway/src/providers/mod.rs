@@ -304,6 +304,17 @@ pub(crate) fn arguments_text(v: Option<&Value>) -> String {
     }
 }
 
+/// JSON text of an argument value in a format that carries objects (Anthropic `input`,
+/// Gemini `args`, toolrun `input`): null or missing is empty (`{}`), anything else is
+/// serialised as is (a string stays a JSON string: INVALID_ARGUMENTS "must be a JSON
+/// object" from the executor).
+pub(crate) fn object_arguments_text(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => String::new(),
+        Some(other) => other.to_string(),
+    }
+}
+
 /// The arguments text as a JSON value for formats that carry objects (`{}` when empty,
 /// a JSON string when the text is not JSON).
 pub fn arguments_value(text: &str) -> Value {

@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value, json};
 
-use super::{ProviderCall, arguments_text, kind, output_value, str_field};
+use super::{ProviderCall, kind, object_arguments_text, output_value, str_field};
 use crate::exec::CallOutcome;
 use crate::registry::Entry;
 
@@ -60,7 +60,7 @@ pub fn parse(v: &Value) -> Result<(Vec<ProviderCall>, bool), String> {
             Ok(ProviderCall {
                 id: str_field(c, "call_id"),
                 name: str_field(c, "tool_id"),
-                arguments_json: arguments_text(c.get("input")),
+                arguments_json: object_arguments_text(c.get("input")),
             })
         })
         .collect::<Result<Vec<_>, String>>()?;

@@ -743,3 +743,110 @@ async fn cli_call_from_a_provider_message() {
     .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// SECURITY-CASES.md 60: 10,000 tool calls, deeply nested arguments, arguments that are not
+/// JSON — bounded, typed per-call errors, the other calls still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn security_case_60_floods_nesting_and_garbage_are_bounded() {
+    let (_s, mut client) = gateway().await;
+    let (addr, _stop) = http_server().await;
+    let openai = |calls: Vec<Value>| json!({"role": "assistant", "tool_calls": calls}).to_string();
+    let call = |id: &str, name: &str, args: String| json!({"id": id, "type": "function", "function": {"name": name, "arguments": args}});
+
+    // 10,000 calls: refused whole, typed, on both doors (over the size bound before the
+    // call bound here; the 256-call bound is in whole_message_errors_are_typed_on_both_doors).
+    let flood = openai(
+        (0..10_000)
+            .map(|i| call(&format!("c{i}"), "echo", "{}".into()))
+            .collect(),
+    );
+    let status = client
+        .call_provider_tools(pb::CallProviderToolsRequest {
+            provider: "openai".into(),
+            message_json: flood.clone(),
+            session_id: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    let (code, body) = http_post(addr, "/v1/openai/tool-calls", &[], flood.as_bytes()).await;
+    assert_eq!(code, 413, "{body}");
+
+    // Nesting inside OpenAI's argument text, and text that is not JSON: each is that
+    // call's INVALID_ARGUMENTS; the good call between them is answered.
+    let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+    let msg = openai(vec![
+        call("deep", "echo", format!(r#"{{"a":{deep}}}"#)),
+        call("good", "calculator", r#"{"expression":"6*7"}"#.into()),
+        call("garbage", "echo", "\u{0}\u{1}not json at all".into()),
+    ]);
+    let resp = client
+        .call_provider_tools(pb::CallProviderToolsRequest {
+            provider: "openai".into(),
+            message_json: msg.clone(),
+            session_id: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let codes: Vec<String> = resp.results.iter().map(code_name).collect();
+    assert_eq!(codes, ["INVALID_ARGUMENTS", "OK", "INVALID_ARGUMENTS"]);
+    assert!(
+        resp.results[0]
+            .error
+            .as_ref()
+            .unwrap()
+            .message
+            .contains("recursion limit"),
+        "{:?}",
+        resp.results[0]
+    );
+    let (code, body) = http_post(addr, "/v1/openai/tool-calls", &[], msg.as_bytes()).await;
+    assert_eq!(code, 200);
+    assert_eq!(body[1]["content"], r#"{"formatted":"42","value":42}"#);
+
+    // Nesting in a format that carries objects (Anthropic `input`) is in the message
+    // itself: past serde_json's depth bound the message is refused as not JSON, typed...
+    let nested = |depth: usize| {
+        let input = format!(r#"{{"a":{}1{}}}"#, "[".repeat(depth), "]".repeat(depth));
+        format!(
+            r#"{{"role":"assistant","content":[{{"type":"tool_use","id":"t1","name":"echo","input":{input}}},{{"type":"tool_use","id":"t2","name":"calculator","input":{{"expression":"1+1"}}}}]}}"#
+        )
+    };
+    let status = client
+        .call_provider_tools(pb::CallProviderToolsRequest {
+            provider: "anthropic".into(),
+            message_json: nested(10_000),
+            session_id: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status.message().contains("recursion limit"),
+        "{}",
+        status.message()
+    );
+    let (code, body) = http_post(
+        addr,
+        "/v1/anthropic/tool-calls",
+        &[],
+        nested(10_000).as_bytes(),
+    )
+    .await;
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(body["error"]["code"], "not_json");
+    // ...and the control: moderately nested input runs, and the service still serves.
+    let resp = client
+        .call_provider_tools(pb::CallProviderToolsRequest {
+            provider: "anthropic".into(),
+            message_json: nested(50),
+            session_id: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(resp.results.iter().all(|r| r.ok), "{:?}", resp.results);
+    let (code, _) = http_post(addr, "/v1/anthropic/tool-calls", &[], nested(50).as_bytes()).await;
+    assert_eq!(code, 200);
+}

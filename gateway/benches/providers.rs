@@ -64,6 +64,14 @@ fn bench_providers(c: &mut Criterion) {
                 })
             },
         );
+        // The two halves, to see where the time goes.
+        group.bench_with_input(BenchmarkId::new("parse", p.name()), &text, |b, text| {
+            b.iter(|| parse_message(p, black_box(text)).unwrap())
+        });
+        let (message, parsed) = parse_message(p, &text).unwrap();
+        group.bench_function(BenchmarkId::new("render", p.name()), |b| {
+            b.iter(|| black_box(p.render(&message, &parsed, &outcomes).to_string()))
+        });
     }
     // The floor: parse the OpenAI message as plain JSON and write an answer of the same size.
     let text = Provider::Openai.assistant_message(&calls).to_string();

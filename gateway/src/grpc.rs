@@ -556,7 +556,7 @@ impl pb::tool_service_server::ToolService for ToolService {
             })
             .collect::<Result<Vec<_>, _>>()?;
         let outcomes = crate::providers::execute(&self.executor, &self.hard_stop, requests).await;
-        let results_json = provider.render(&message, &calls, &outcomes).to_string();
+        let results_json = provider.render(&message, &calls, &outcomes);
         Ok(Response::new(pb::CallProviderToolsResponse {
             results_json,
             results: outcomes.into_iter().map(to_proto).collect(),

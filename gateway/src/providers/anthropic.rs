@@ -14,7 +14,11 @@
 
 use serde_json::{Value, json};
 
-use super::{ProviderCall, array_field, kind, object_arguments_text, result_text, str_field};
+use serde::Serialize;
+
+use super::{
+    ProviderCall, array_field, kind, object_arguments_text, result_text, str_field, to_json,
+};
 use crate::exec::CallOutcome;
 use crate::registry::Entry;
 
@@ -60,21 +64,37 @@ pub fn parse(v: &Value) -> Result<Vec<ProviderCall>, String> {
     Ok(calls)
 }
 
+#[derive(Serialize)]
+struct UserMessage<'a> {
+    role: &'static str,
+    content: Vec<ToolResultBlock<'a>>,
+}
+
+#[derive(Serialize)]
+struct ToolResultBlock<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    tool_use_id: &'a str,
+    content: String,
+    is_error: bool,
+}
+
 /// One user message with a `tool_result` block per call.
-pub fn render(calls: &[ProviderCall], outcomes: &[CallOutcome]) -> Value {
-    let blocks: Vec<Value> = calls
+pub fn render(calls: &[ProviderCall], outcomes: &[CallOutcome]) -> String {
+    let content = calls
         .iter()
         .zip(outcomes)
-        .map(|(c, o)| {
-            json!({
-                "type": "tool_result",
-                "tool_use_id": c.id,
-                "content": result_text(o),
-                "is_error": !o.ok(),
-            })
+        .map(|(c, o)| ToolResultBlock {
+            kind: "tool_result",
+            tool_use_id: &c.id,
+            content: result_text(o),
+            is_error: !o.ok(),
         })
         .collect();
-    json!({"role": "user", "content": blocks})
+    to_json(&UserMessage {
+        role: "user",
+        content,
+    })
 }
 
 /// An API response carrying `calls` as `tool_use` blocks (round trips, benches).

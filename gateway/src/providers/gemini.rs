@@ -16,8 +16,12 @@
 
 use serde_json::{Map, Value, json};
 
+use serde::Serialize;
+use serde_json::value::RawValue;
+
 use super::{
-    ProviderCall, array_field, error_value, kind, object_arguments_text, output_value, str_field,
+    ErrorResult, ProviderCall, array_field, error_result, kind, object_arguments_text, raw_output,
+    str_field, to_json,
 };
 use crate::exec::CallOutcome;
 use crate::registry::Entry;
@@ -78,23 +82,55 @@ pub fn parse(v: &Value) -> Result<Vec<ProviderCall>, String> {
     Ok(calls)
 }
 
+#[derive(Serialize)]
+struct UserContent<'a> {
+    role: &'static str,
+    parts: Vec<Part<'a>>,
+}
+
+#[derive(Serialize)]
+struct Part<'a> {
+    #[serde(rename = "functionResponse")]
+    function_response: FunctionResponse<'a>,
+}
+
+#[derive(Serialize)]
+struct FunctionResponse<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    id: &'a str,
+    name: &'a str,
+    response: Response<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Response<'a> {
+    Output { output: Option<&'a RawValue> },
+    Error(ErrorResult<'a>),
+}
+
 /// One user content with a `functionResponse` part per call.
-pub fn render(calls: &[ProviderCall], outcomes: &[CallOutcome]) -> Value {
-    let parts: Vec<Value> = calls
+pub fn render(calls: &[ProviderCall], outcomes: &[CallOutcome]) -> String {
+    let parts = calls
         .iter()
         .zip(outcomes)
-        .map(|(c, o)| {
-            let response = error_value(o).unwrap_or_else(|| json!({"output": output_value(o)}));
-            let mut fr = Map::new();
-            if !c.id.is_empty() {
-                fr.insert("id".into(), Value::String(c.id.clone()));
-            }
-            fr.insert("name".into(), Value::String(c.name.clone()));
-            fr.insert("response".into(), response);
-            json!({"functionResponse": fr})
+        .map(|(c, o)| Part {
+            function_response: FunctionResponse {
+                id: &c.id,
+                name: &c.name,
+                response: match error_result(o) {
+                    Some(e) => Response::Error(e),
+                    None => Response::Output {
+                        output: raw_output(o),
+                    },
+                },
+            },
         })
         .collect();
-    json!({"role": "user", "parts": parts})
+    to_json(&UserContent {
+        role: "user",
+        parts,
+    })
 }
 
 /// A `generateContent` response carrying `calls` (round trips, benches).

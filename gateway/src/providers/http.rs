@@ -18,10 +18,10 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::{Provider, ProviderError};
@@ -154,7 +154,12 @@ async fn tool_calls(
     )
     .await
     {
-        Ok(ran) => (StatusCode::OK, axum::Json::<Value>(ran.results)).into_response(),
+        Ok(ran) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "application/json")],
+            ran.results,
+        )
+            .into_response(),
         Err(e) => provider_error(e),
     }
 }

@@ -34,6 +34,8 @@ pub mod toolrun;
 
 use std::sync::Arc;
 
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -114,15 +116,16 @@ impl Provider {
         Ok(calls)
     }
 
-    /// The provider-shaped result message(s) for `calls` and their outcomes (same order);
-    /// `message` is the message the calls were read from (the `toolrun` format answers a
-    /// single `tool_call` with a single `tool_result`).
+    /// The provider-shaped result message(s) for `calls` and their outcomes (same order),
+    /// as JSON text; `message` is the message the calls were read from (the `toolrun`
+    /// format answers a single `tool_call` with a single `tool_result`). Written straight
+    /// from typed structs (no JSON tree), outputs embedded as they are.
     pub fn render(
         self,
         message: &Value,
         calls: &[ProviderCall],
         outcomes: &[CallOutcome],
-    ) -> Value {
+    ) -> String {
         match self {
             Provider::Openai => openai::render(calls, outcomes),
             Provider::OpenaiResponses => openai_responses::render(calls, outcomes),
@@ -239,8 +242,8 @@ pub async fn execute(
 pub struct Ran {
     /// The outcomes, in request order.
     pub outcomes: Vec<CallOutcome>,
-    /// The provider-shaped result message(s).
-    pub results: Value,
+    /// The provider-shaped result message(s) as JSON text.
+    pub results: String,
 }
 
 /// Reads `provider`'s calls from `text`, runs them in `session_id`, renders the results.
@@ -257,40 +260,62 @@ pub async fn run(
     Ok(Ran { outcomes, results })
 }
 
-/// A failed call as JSON for a model: `{"error": {code, message, details?}, "output"?}`
+/// A failed call as a model reads it: `{"error": {code, details?, message}, "output"?}`
 /// (`output` when the tool produced some, e.g. run_code's stderr).
-pub fn error_value(o: &CallOutcome) -> Option<Value> {
+#[derive(Debug, Serialize)]
+pub struct ErrorResult<'a> {
+    /// The typed failure.
+    pub error: ErrorBody<'a>,
+    /// What the tool printed before failing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<&'a RawValue>,
+}
+
+/// `{code, details?, message}`.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody<'a> {
+    /// The contract's code (`INVALID_ARGUMENTS`).
+    pub code: &'static str,
+    /// Structured details (validation errors, available tools).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub details: Option<&'a Value>,
+    /// For the model.
+    pub message: &'a str,
+}
+
+/// The failure of `o`, if it failed.
+pub fn error_result(o: &CallOutcome) -> Option<ErrorResult<'_>> {
     let e = o.error.as_ref()?;
-    let mut error = Map::new();
-    error.insert("code".into(), Value::String(e.code.as_str().into()));
-    error.insert("message".into(), Value::String(e.message.clone()));
-    if let Some(d) = &e.details {
-        error.insert("details".into(), d.clone());
-    }
-    let mut v = Map::new();
-    v.insert("error".into(), Value::Object(error));
-    if let Some(out) = &o.output_json {
-        v.insert("output".into(), parse_output(out));
-    }
-    Some(Value::Object(v))
+    Some(ErrorResult {
+        error: ErrorBody {
+            code: e.code.as_str(),
+            details: e.details.as_ref(),
+            message: &e.message,
+        },
+        output: raw_output(o),
+    })
 }
 
-/// The call's output as JSON (null without output).
-pub fn output_value(o: &CallOutcome) -> Value {
-    o.output_json.as_deref().map_or(Value::Null, parse_output)
-}
-
-fn parse_output(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_string()))
+/// The call's output as embedded JSON (the executor's canonical text, not re-parsed into
+/// a tree), or `None` without output.
+pub fn raw_output(o: &CallOutcome) -> Option<&RawValue> {
+    o.output_json
+        .as_deref()
+        .and_then(|t| serde_json::from_str::<&RawValue>(t).ok())
 }
 
 /// A result as the text most providers carry: the canonical output JSON on success, the
-/// [`error_value`] JSON on failure.
+/// [`ErrorResult`] JSON on failure.
 pub fn result_text(o: &CallOutcome) -> String {
-    match error_value(o) {
+    match error_result(o) {
         None => o.output_json.clone().unwrap_or_else(|| "null".into()),
-        Some(v) => v.to_string(),
+        Some(e) => to_json(&e),
     }
+}
+
+/// JSON text of a value that always serialises (our own structs).
+pub(crate) fn to_json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).expect("rendered results serialise")
 }
 
 /// JSON text of an argument value as a provider gave it: strings pass through untouched
@@ -526,21 +551,24 @@ mod tests {
             .enumerate()
             .map(|(i, c)| outcome(c, i != 1))
             .collect();
-        let r = Provider::Openai.render(&Value::Null, &calls, &outcomes);
+        let render = |p: Provider, m: &Value, c: &[ProviderCall], o: &[CallOutcome]| -> Value {
+            serde_json::from_str(&p.render(m, c, o)).unwrap()
+        };
+        let r = render(Provider::Openai, &Value::Null, &calls, &outcomes);
         assert_eq!(r[1]["tool_call_id"], "call_1");
         assert_eq!(r[0]["content"], r#"{"value":4}"#);
         assert!(r[1]["content"].as_str().unwrap().contains("UNKNOWN_TOOL"));
-        let r = Provider::OpenaiResponses.render(&Value::Null, &calls, &outcomes);
+        let r = render(Provider::OpenaiResponses, &Value::Null, &calls, &outcomes);
         assert_eq!(r[2]["type"], "function_call_output");
         assert_eq!(r[2]["call_id"], "call_2");
-        let r = Provider::Anthropic.render(&Value::Null, &calls, &outcomes);
+        let r = render(Provider::Anthropic, &Value::Null, &calls, &outcomes);
         assert_eq!(r["role"], "user");
         assert_eq!(r["content"][1]["is_error"], true);
         assert_eq!(r["content"][0]["is_error"], false);
         assert_eq!(r["content"][2]["tool_use_id"], "call_2");
-        let r = Provider::Ollama.render(&Value::Null, &calls, &outcomes);
+        let r = render(Provider::Ollama, &Value::Null, &calls, &outcomes);
         assert_eq!(r[1]["tool_name"], "echo");
-        let r = Provider::Gemini.render(&Value::Null, &calls, &outcomes);
+        let r = render(Provider::Gemini, &Value::Null, &calls, &outcomes);
         assert_eq!(
             r["parts"][0]["functionResponse"]["response"],
             json!({"output": {"value": 4}})
@@ -551,14 +579,14 @@ mod tests {
         );
         assert_eq!(r["parts"][2]["functionResponse"]["id"], "call_2");
         let no_ids = sample_calls(false);
-        let r = Provider::Gemini.render(&Value::Null, &no_ids, &outcomes);
+        let r = render(Provider::Gemini, &Value::Null, &no_ids, &outcomes);
         assert!(r["parts"][0]["functionResponse"].get("id").is_none(), "{r}");
         let msg = Provider::Toolrun.assistant_message(&calls);
-        let r = Provider::Toolrun.render(&msg, &calls, &outcomes);
+        let r = render(Provider::Toolrun, &msg, &calls, &outcomes);
         assert_eq!(r["tool_results"][1]["success"], false);
         assert_eq!(r["tool_results"][0]["output"], json!({"value": 4}));
         let single = json!({"tool_call": {"tool_id": "calculator", "input": {}}});
-        let r = Provider::Toolrun.render(&single, &calls[..1], &outcomes[..1]);
+        let r = render(Provider::Toolrun, &single, &calls[..1], &outcomes[..1]);
         assert_eq!(r["tool_result"]["success"], true);
     }
 

@@ -15,7 +15,9 @@
 
 use serde_json::{Value, json};
 
-use super::{ProviderCall, arguments_text, array_field, kind, result_text, str_field};
+use serde::Serialize;
+
+use super::{ProviderCall, arguments_text, array_field, kind, result_text, str_field, to_json};
 use crate::exec::CallOutcome;
 use crate::registry::Entry;
 
@@ -81,21 +83,25 @@ pub fn parse(v: &Value) -> Result<Vec<ProviderCall>, String> {
         .collect()
 }
 
+#[derive(Serialize)]
+struct ToolMessage<'a> {
+    role: &'static str,
+    tool_call_id: &'a str,
+    content: String,
+}
+
 /// One `role: tool` message per call.
-pub fn render(calls: &[ProviderCall], outcomes: &[CallOutcome]) -> Value {
-    Value::Array(
-        calls
-            .iter()
-            .zip(outcomes)
-            .map(|(c, o)| {
-                json!({
-                    "role": "tool",
-                    "tool_call_id": c.id,
-                    "content": result_text(o),
-                })
-            })
-            .collect(),
-    )
+pub fn render(calls: &[ProviderCall], outcomes: &[CallOutcome]) -> String {
+    let messages: Vec<ToolMessage> = calls
+        .iter()
+        .zip(outcomes)
+        .map(|(c, o)| ToolMessage {
+            role: "tool",
+            tool_call_id: &c.id,
+            content: result_text(o),
+        })
+        .collect();
+    to_json(&messages)
 }
 
 /// An assistant message carrying `calls` as OpenAI writes it (round trips, benches).

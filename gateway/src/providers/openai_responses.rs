@@ -13,7 +13,9 @@
 
 use serde_json::{Value, json};
 
-use super::{ProviderCall, arguments_text, array_field, kind, result_text, str_field};
+use serde::Serialize;
+
+use super::{ProviderCall, arguments_text, array_field, kind, result_text, str_field, to_json};
 use crate::exec::CallOutcome;
 use crate::registry::Entry;
 
@@ -67,21 +69,26 @@ pub fn parse(v: &Value) -> Result<Vec<ProviderCall>, String> {
     Ok(calls)
 }
 
+#[derive(Serialize)]
+struct OutputItem<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    call_id: &'a str,
+    output: String,
+}
+
 /// One `function_call_output` item per call.
-pub fn render(calls: &[ProviderCall], outcomes: &[CallOutcome]) -> Value {
-    Value::Array(
-        calls
-            .iter()
-            .zip(outcomes)
-            .map(|(c, o)| {
-                json!({
-                    "type": "function_call_output",
-                    "call_id": c.id,
-                    "output": result_text(o),
-                })
-            })
-            .collect(),
-    )
+pub fn render(calls: &[ProviderCall], outcomes: &[CallOutcome]) -> String {
+    let items: Vec<OutputItem> = calls
+        .iter()
+        .zip(outcomes)
+        .map(|(c, o)| OutputItem {
+            kind: "function_call_output",
+            call_id: &c.id,
+            output: result_text(o),
+        })
+        .collect();
+    to_json(&items)
 }
 
 /// A response carrying `calls` as `function_call` items (round trips, benches).

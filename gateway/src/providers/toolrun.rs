@@ -6,9 +6,15 @@
 //! in request order, each `{call_id?, tool_id, success, output, error?}` (`error` is
 //! `{code, message, details?}`; `output` is null when the tool produced none).
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
-use super::{ProviderCall, kind, object_arguments_text, output_value, str_field};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::{
+    ErrorBody, ProviderCall, error_result, kind, object_arguments_text, raw_output, str_field,
+    to_json,
+};
 use crate::exec::CallOutcome;
 use crate::registry::Entry;
 
@@ -67,30 +73,41 @@ pub fn parse(v: &Value) -> Result<(Vec<ProviderCall>, bool), String> {
     Ok((calls, single))
 }
 
+#[derive(Serialize)]
+struct ToolResult<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    call_id: &'a str,
+    tool_id: &'a str,
+    success: bool,
+    output: Option<&'a RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<ErrorBody<'a>>,
+}
+
+#[derive(Serialize)]
+enum Results<'a> {
+    #[serde(rename = "tool_result")]
+    One(ToolResult<'a>),
+    #[serde(rename = "tool_results")]
+    Many(Vec<ToolResult<'a>>),
+}
+
 /// `{tool_result}` or `{tool_results}` for `calls`.
-pub fn render(message: &Value, calls: &[ProviderCall], outcomes: &[CallOutcome]) -> Value {
-    let mut results = calls.iter().zip(outcomes).map(|(c, o)| {
-        let mut r = Map::new();
-        if !c.id.is_empty() {
-            r.insert("call_id".into(), Value::String(c.id.clone()));
-        }
-        r.insert("tool_id".into(), Value::String(c.name.clone()));
-        r.insert("success".into(), Value::Bool(o.ok()));
-        r.insert("output".into(), output_value(o));
-        if let Some(e) = &o.error {
-            let mut error = json!({"code": e.code.as_str(), "message": e.message});
-            if let Some(d) = &e.details {
-                error["details"] = d.clone();
-            }
-            r.insert("error".into(), error);
-        }
-        Value::Object(r)
+pub fn render(message: &Value, calls: &[ProviderCall], outcomes: &[CallOutcome]) -> String {
+    let mut results = calls.iter().zip(outcomes).map(|(c, o)| ToolResult {
+        call_id: &c.id,
+        tool_id: &c.name,
+        success: o.ok(),
+        output: raw_output(o),
+        error: error_result(o).map(|e| e.error),
     });
-    if message.get("tool_call").is_some() && calls.len() == 1 {
-        json!({"tool_result": results.next()})
-    } else {
-        json!({"tool_results": results.collect::<Vec<_>>()})
-    }
+    let results = match results.next() {
+        Some(first) if message.get("tool_call").is_some() && calls.len() == 1 => {
+            Results::One(first)
+        }
+        first => Results::Many(first.into_iter().chain(results).collect()),
+    };
+    to_json(&results)
 }
 
 /// A `tool_calls` message carrying `calls` (round trips, benches).

@@ -49,6 +49,21 @@ fn bench_providers(c: &mut Criterion) {
     let calls = calls();
     let outcomes = outcomes(&calls);
     let mut group = c.benchmark_group("provider_10_calls");
+    // The floor: parse the OpenAI message as plain JSON, write an answer of the same size.
+    let text = Provider::Openai.assistant_message(&calls).to_string();
+    let answer: Value =
+        serde_json::from_str(&Provider::Openai.render(&Value::Null, &calls, &outcomes)).unwrap();
+    group.bench_with_input(
+        BenchmarkId::new("baseline_serde_json", "openai"),
+        &text,
+        |b, text| {
+            b.iter(|| {
+                let v: Value = serde_json::from_str(black_box(text)).unwrap();
+                black_box(v);
+                black_box(answer.to_string())
+            })
+        },
+    );
     for p in Provider::ALL {
         let text = p.assistant_message(&calls).to_string();
         // The same calls come back out.
@@ -72,21 +87,6 @@ fn bench_providers(c: &mut Criterion) {
             b.iter(|| black_box(p.render(&message, &parsed, &outcomes)))
         });
     }
-    // The floor: parse the OpenAI message as plain JSON and write an answer of the same size.
-    let text = Provider::Openai.assistant_message(&calls).to_string();
-    let answer: Value =
-        serde_json::from_str(&Provider::Openai.render(&Value::Null, &calls, &outcomes)).unwrap();
-    group.bench_with_input(
-        BenchmarkId::new("baseline_serde_json", "openai"),
-        &text,
-        |b, text| {
-            b.iter(|| {
-                let v: Value = serde_json::from_str(black_box(text)).unwrap();
-                black_box(v);
-                black_box(answer.to_string())
-            })
-        },
-    );
     group.finish();
 }
 

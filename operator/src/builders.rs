@@ -221,7 +221,7 @@ fn child_metadata(run: &ToolRun, config: &OperatorConfig) -> Result<ObjectMeta, 
     Ok(ObjectMeta {
         name: Some(name.clone()),
         namespace: Some(namespace),
-        labels: Some(child_labels(&name, &run.spec.call_id)),
+        labels: Some(child_labels(&name, run.call_id())),
         owner_references: Some(vec![owner]),
         ..ObjectMeta::default()
     })

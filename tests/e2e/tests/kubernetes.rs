@@ -439,7 +439,7 @@ async fn client_deadline_cancels_the_toolrun() {
     // the call: the cancellation below is of a running pod, not of a run that never started.
     let mut req = tonic::Request::new(request(
         &id,
-        json!({"language": "bash", "code": "echo started; sleep 300", "timeout": 60}),
+        json!({"language": "bash", "code": "echo started; sleep 300", "timeout": 30}),
     ));
     req.set_timeout(Duration::from_secs(20));
     let t0 = Instant::now();
@@ -1092,7 +1092,7 @@ async fn a_listening_sandbox_is_unreachable_from_other_pods() {
         let mut stream = c
             .stream_tool(request(
                 &id,
-                json!({"language": "python", "timeout": 60, "code": LISTENER, "args": ["40"]}),
+                json!({"language": "python", "timeout": 30, "code": LISTENER, "args": ["25"]}),
             ))
             .await?
             .into_inner();

@@ -57,11 +57,12 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = ToolsFormat::Table)]
         format: ToolsFormat,
     },
-    /// Call one tool and print its result as JSON.
+    /// Call one tool and print its result as JSON; with --from, run the tool calls in a
+    /// provider's assistant message and print that provider's tool-result message(s).
     Call {
         #[command(flatten)]
         conn: Conn,
-        /// Tool id, e.g. calculator.
+        /// Tool id, e.g. calculator; with --from, the message's file ('-' for stdin).
         tool: String,
         /// Arguments as a JSON object, e.g. '{"expression":"2+2"}' (default {}).
         #[arg(default_value = "{}")]
@@ -75,6 +76,10 @@ pub enum Command {
         /// Run in this session (its workspace, its approvals).
         #[arg(long, default_value = "")]
         session: String,
+        /// Read the calls from an assistant message (or API response) in this provider's
+        /// format.
+        #[arg(long, value_enum, value_name = "PROVIDER")]
+        from: Option<crate::providers::Provider>,
     },
     /// Run code in the sandbox, streaming its output as it comes.
     Run {
@@ -217,6 +222,12 @@ pub enum ToolsFormat {
     Anthropic,
     /// MCP `tools/list` entries.
     Mcp,
+    /// OpenAI Responses `tools` entries.
+    OpenaiResponses,
+    /// Ollama `tools` entries.
+    Ollama,
+    /// Gemini `functionDeclarations` entries.
+    Gemini,
 }
 
 /// `toolrun run --language`.
@@ -335,11 +346,20 @@ pub async fn run_client(command: Command) -> Result<i32, CliError> {
         } => decide(&conn, approval_id, false, String::new(), message).await,
         Command::Call {
             conn,
+            tool: file,
+            arguments,
+            session,
+            from: Some(provider),
+            ..
+        } => call_from(&conn, provider, &file, &arguments, session).await,
+        Command::Call {
+            conn,
             tool,
             arguments,
             timeout_ms,
             call_id,
             session,
+            ..
         } if !session.is_empty() => {
             // In a session a call may wait for approval: stream, to say so while it waits.
             let result = call_streaming(
@@ -714,6 +734,47 @@ async fn run_streaming(addr: &str, arguments: Value, session_id: String) -> Resu
     )))
 }
 
+/// `toolrun call --from PROVIDER FILE`: prints the provider's result message(s); exit 1
+/// when any call failed.
+async fn call_from(
+    conn: &Conn,
+    provider: crate::providers::Provider,
+    file: &str,
+    arguments: &str,
+    session_id: String,
+) -> Result<i32, CliError> {
+    if arguments != "{}" {
+        return Err(CliError::Usage(
+            "with --from, give only the message's file (the arguments are in the message)".into(),
+        ));
+    }
+    let message_json = if file == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s)?;
+        s
+    } else {
+        std::fs::read_to_string(file)
+            .map_err(|e| CliError::Usage(format!("cannot read {file}: {e}")))?
+    };
+    let mut client = connect(&conn.addr).await?;
+    let resp = client
+        .call_provider_tools(pb::CallProviderToolsRequest {
+            provider: provider.name().into(),
+            message_json,
+            session_id,
+        })
+        .await?
+        .into_inner();
+    let results: Value = serde_json::from_str(&resp.results_json)
+        .map_err(|e| tonic::Status::internal(format!("results_json is not JSON: {e}")))?;
+    println!("{}", serde_json::to_string_pretty(&results).expect("json"));
+    Ok(if resp.results.iter().all(|r| r.ok) {
+        0
+    } else {
+        EXIT_TOOL_FAILED
+    })
+}
+
 async fn tools(conn: &Conn, format: ToolsFormat) -> Result<i32, CliError> {
     let mut client = connect(&conn.addr).await?;
     let wire_format = match format {
@@ -721,6 +782,9 @@ async fn tools(conn: &Conn, format: ToolsFormat) -> Result<i32, CliError> {
         ToolsFormat::Openai => pb::ToolFormat::Openai,
         ToolsFormat::Anthropic => pb::ToolFormat::Anthropic,
         ToolsFormat::Mcp => pb::ToolFormat::Mcp,
+        ToolsFormat::OpenaiResponses => pb::ToolFormat::OpenaiResponses,
+        ToolsFormat::Ollama => pb::ToolFormat::Ollama,
+        ToolsFormat::Gemini => pb::ToolFormat::Gemini,
     };
     let tools = client
         .list_tools(pb::ListToolsRequest {

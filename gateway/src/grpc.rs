@@ -21,7 +21,7 @@ use crate::approval::{ApprovalInfo, ApprovalKind};
 use crate::config::ApprovalMode;
 use crate::error::ErrorCode;
 use crate::exec::{CallEvent, CallOutcome, CallRequest, DecideFailure, Executor};
-use crate::registry::{Format, render};
+use crate::providers::{Format, Provider, ProviderError, render};
 use crate::session::{CreateSession, Session, SessionError, SessionManager};
 use crate::tool::{Category, Determinism, SideEffect, StreamChunk};
 
@@ -294,6 +294,9 @@ impl pb::tool_service_server::ToolService for ToolService {
             Ok(pb::ToolFormat::Openai) => Some(Format::Openai),
             Ok(pb::ToolFormat::Anthropic) => Some(Format::Anthropic),
             Ok(pb::ToolFormat::Mcp) => Some(Format::Mcp),
+            Ok(pb::ToolFormat::OpenaiResponses) => Some(Format::OpenaiResponses),
+            Ok(pb::ToolFormat::Ollama) => Some(Format::Ollama),
+            Ok(pb::ToolFormat::Gemini) => Some(Format::Gemini),
             Err(_) => return Err(Status::invalid_argument("unknown ToolFormat value")),
         };
         let tools = self
@@ -544,6 +547,46 @@ impl pb::tool_service_server::ToolService for ToolService {
             approval: Some(approval_proto(&info)),
             approved: r.approve,
         }))
+    }
+
+    async fn call_provider_tools(
+        &self,
+        request: Request<pb::CallProviderToolsRequest>,
+    ) -> Result<Response<pb::CallProviderToolsResponse>, Status> {
+        let deadline = grpc_timeout(&request);
+        let r = request.into_inner();
+        let provider = Provider::from_name(&r.provider).map_err(provider_status)?;
+        let (message, calls) =
+            crate::providers::parse_message(provider, &r.message_json).map_err(provider_status)?;
+        // Each call as CallTool would take it (the client's deadline bounds every call).
+        let requests = crate::providers::requests(&calls, &r.session_id, 0)
+            .into_iter()
+            .map(|c| {
+                Self::call_request(
+                    deadline,
+                    pb::CallToolRequest {
+                        call_id: c.call_id,
+                        tool: c.tool,
+                        arguments_json: c.arguments_json,
+                        timeout_ms: c.timeout_ms,
+                        session_id: c.session_id,
+                    },
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let outcomes = crate::providers::execute(&self.executor, &self.hard_stop, requests).await;
+        let results_json = provider.render(&message, &calls, &outcomes);
+        Ok(Response::new(pb::CallProviderToolsResponse {
+            results_json,
+            results: outcomes.into_iter().map(to_proto).collect(),
+        }))
+    }
+}
+
+fn provider_status(e: ProviderError) -> Status {
+    match e {
+        ProviderError::TooManyCalls(_) => Status::resource_exhausted(e.to_string()),
+        _ => Status::invalid_argument(e.to_string()),
     }
 }
 

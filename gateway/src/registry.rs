@@ -1,14 +1,17 @@
 //! The tool registry: every tool once, by id and alias, with its configuration and its
-//! compiled argument validator.
+//! compiled argument validator. Definitions are checked by [`crate::validation`] on
+//! registration; rendering them for providers lives in [`crate::providers`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
-
 use crate::config::Config;
 use crate::tool::Tool;
+use crate::validation::{DefinitionError, compile, validate_definition};
+
+/// Moved to [`crate::providers`]; re-exported for existing callers.
+pub use crate::providers::{Format, render};
 
 /// Registration failures.
 #[derive(Debug, thiserror::Error)]
@@ -16,14 +19,10 @@ pub enum RegistryError {
     /// Two tools (or a tool and an alias) share a name.
     #[error("duplicate tool id or alias {0:?}")]
     Duplicate(String),
-    /// A tool's input schema is not a valid JSON Schema.
-    #[error("tool {id}: invalid input schema: {message}")]
-    BadSchema {
-        /// The tool.
-        id: String,
-        /// What is wrong.
-        message: String,
-    },
+    /// A tool's definition is refused: name, input schema, or a schema that does not
+    /// compile.
+    #[error(transparent)]
+    Invalid(#[from] DefinitionError),
     /// The configuration names a tool that does not exist.
     #[error("config: tools.{0}: no such tool")]
     UnknownConfiguredTool(String),
@@ -79,18 +78,8 @@ impl Registry {
                 return Err(RegistryError::Duplicate((*name).to_string()));
             }
         }
-        let validator = jsonschema::validator_for(tool.input_schema()).map_err(|e| {
-            RegistryError::BadSchema {
-                id: id.to_string(),
-                message: e.to_string(),
-            }
-        })?;
-        let output_validator = jsonschema::validator_for(tool.output_schema()).map_err(|e| {
-            RegistryError::BadSchema {
-                id: id.to_string(),
-                message: format!("output schema: {e}"),
-            }
-        })?;
+        let validator = validate_definition(id, tool.input_schema())?;
+        let output_validator = compile(id, "output", tool.output_schema())?;
         let tool_config = config.tool(id);
         let entry = Arc::new(Entry {
             enabled: tool_config.is_none_or(|c| c.enabled),
@@ -134,69 +123,5 @@ impl Registry {
     /// Every enabled tool, in registration order.
     pub fn enabled(&self) -> impl Iterator<Item = &Arc<Entry>> {
         self.entries.iter().filter(|e| e.enabled)
-    }
-}
-
-/// Provider forms a definition can be rendered in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
-    /// toolrun's own definition (all metadata).
-    Native,
-    /// OpenAI function-calling `tools` entry.
-    Openai,
-    /// Anthropic Messages API `tools` entry.
-    Anthropic,
-    /// Model Context Protocol `tools/list` entry.
-    Mcp,
-}
-
-/// Renders one definition in `format`.
-pub fn render(entry: &Entry, format: Format) -> Value {
-    let m = entry.tool.metadata();
-    let input = entry.tool.input_schema();
-    let output = entry.tool.output_schema();
-    match format {
-        Format::Native => json!({
-            "id": m.id,
-            "name": m.name,
-            "description": m.description,
-            "version": m.version,
-            "category": m.category,
-            "input_schema": input,
-            "output_schema": output,
-            "sandbox_required": m.sandbox_required,
-            "side_effect": m.side_effect,
-            "determinism": m.determinism,
-            "approval_policy": m.approval,
-            "timeout_ms": entry.timeout.as_millis() as u64,
-            "required_capabilities": m.required_capabilities,
-            "aliases": entry.aliases,
-        }),
-        Format::Openai => json!({
-            "type": "function",
-            "function": {
-                "name": m.id,
-                "description": m.description,
-                "parameters": input,
-            }
-        }),
-        Format::Anthropic => json!({
-            "name": m.id,
-            "description": m.description,
-            "input_schema": input,
-        }),
-        Format::Mcp => json!({
-            "name": m.id,
-            "title": m.name,
-            "description": m.description,
-            "inputSchema": input,
-            "outputSchema": output,
-            "annotations": {
-                "title": m.name,
-                "readOnlyHint": m.side_effect == crate::tool::SideEffect::Pure,
-                "idempotentHint": m.determinism == crate::tool::Determinism::Deterministic,
-                "openWorldHint": false,
-            }
-        }),
     }
 }

@@ -584,6 +584,7 @@ mod tests {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../toolrun.example.yaml");
         let c = Config::load(Path::new(path)).expect("example loads");
         assert_eq!(c.sessions, SessionsConfig::default());
+        assert_eq!(c.mcp, McpConfig::default());
         assert_eq!(
             c.tools.get("shell").and_then(|t| t.timeout_ms),
             Some(MAX_SHELL_TIMEOUT_MS)

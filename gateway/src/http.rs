@@ -1,6 +1,7 @@
 //! The HTTP listener (`toolrun serve --mcp-listen`, default `127.0.0.1:8080`): one axum
-//! [`Router`] that serves MCP at `/mcp` ([`crate::mcp`]) and that other HTTP front doors are
-//! merged into (each a thin adapter over the executor, like gRPC).
+//! [`Router`] that serves MCP at `/mcp` ([`crate::mcp`]) and the provider formats at
+//! `POST /v1/{provider}/tool-calls` ([`crate::providers::http`]), each a thin adapter over
+//! the executor, like gRPC.
 //!
 //! Every route passes the same guard first:
 //! - `Host` must be one of `mcp.allowed_hosts` and a browser's `Origin` one of
@@ -44,18 +45,26 @@ impl HttpSettings {
     }
 }
 
-/// The listener's routes: MCP at `/mcp`, behind the Host/Origin guard and the body bound.
-/// Other front doors merge their routes in here.
+/// The listener's routes: MCP at `/mcp` and the provider formats at
+/// `/v1/{provider}/tool-calls`, behind the Host/Origin guard and the body bound.
 pub fn router(
     executor: Arc<Executor>,
     hard_stop: CancellationToken,
     settings: &HttpSettings,
 ) -> Router {
-    let routes = Router::new().merge(crate::mcp::router(
-        executor,
-        hard_stop,
-        settings.max_body_bytes,
-    ));
+    let providers =
+        crate::providers::http::router(Arc::new(crate::providers::http::ProviderHttp {
+            executor: executor.clone(),
+            hard_stop: hard_stop.clone(),
+            max_body_bytes: settings.max_body_bytes,
+        }));
+    let routes = Router::new()
+        .merge(crate::mcp::router(
+            executor,
+            hard_stop,
+            settings.max_body_bytes,
+        ))
+        .merge(providers);
     guarded(routes, settings)
 }
 

@@ -699,3 +699,30 @@ async fn shutdown_is_not_held_up_by_idle_mcp_connections() {
         .unwrap_or(0);
     assert_eq!(n, 0, "the connection is closed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_endpoint_is_served_on_the_same_listener_behind_the_same_guard() {
+    // `POST /v1/{provider}/tool-calls` lives beside /mcp on --mcp-listen, with the same Host
+    // check (a foreign Host is refused before the body is read).
+    let gw = Gw::new("{}").await;
+    let message = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"calculator","arguments":"{\"expression\":\"6*7\"}"}}]}"#;
+    let request = |host: &str| {
+        format!(
+            "POST /v1/openai/tool-calls HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{message}",
+            message.len()
+        )
+    };
+    let (status, head, body) = raw(gw.mcp, request("127.0.0.1")).await;
+    assert_eq!(status, 200, "{head}\n{}", String::from_utf8_lossy(&body));
+    let results = body_json(&body);
+    let first = &results.as_array().unwrap_or_else(|| panic!("{results}"))[0];
+    assert_eq!(first["role"], "tool", "{results}");
+    assert_eq!(first["tool_call_id"], "call_1", "{results}");
+    assert!(
+        first["content"].as_str().unwrap().contains("42"),
+        "{results}"
+    );
+    let (status, _, body) = raw(gw.mcp, request("evil.example")).await;
+    assert_eq!(status, 403, "{}", String::from_utf8_lossy(&body));
+}

@@ -394,3 +394,60 @@ async fn a_pod_under_a_deny_all_egress_policy_reaches_nothing_from_its_first_mom
     })
     .await;
 }
+
+/// A pod that runs the sandbox image's runner with `--require-unreachable auto` on a tiny
+/// spec read from stdin, and prints the runner's record.
+fn runner_check_pod(name: &str, labels: &[(&str, &str)]) -> Pod {
+    let spec = serde_json::json!({
+        "language": "bash", "code": "echo program-ran", "interpreter": "/bin/bash",
+        "limits": {"timeout_ms": 10000, "output_limit_bytes": 65536}
+    });
+    let script = format!(
+        "echo '{spec}' | /usr/local/bin/toolrun-runner --require-unreachable auto --unreachable-wait-ms 1500 --spec -"
+    );
+    sandbox_pod(name, labels, vec!["/bin/bash".into(), "-c".into(), script])
+}
+
+#[tokio::test]
+async fn the_runner_refuses_to_run_while_the_api_server_is_reachable() {
+    // The product verifies its isolation instead of assuming it: the runner connects to the
+    // API server (KUBERNETES_SERVICE_HOST, set by the kubelet in every pod) before the program
+    // starts. In a pod that no policy isolates it refuses with INFRA_ERROR naming the cause;
+    // under a deny-all egress policy (control) the same pod runs the program.
+    run_in_namespace("runner-reach-check", |ns| async move {
+        let policies: Api<NetworkPolicy> = ns.api();
+        let deny_egress = NetworkPolicy {
+            metadata: ObjectMeta {
+                name: Some("deny-egress".into()),
+                ..Default::default()
+            },
+            spec: Some(NetworkPolicySpec {
+                pod_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([("role".into(), "isolated".into())])),
+                    ..Default::default()
+                }),
+                policy_types: Some(vec!["Egress".into()]),
+                ..Default::default()
+            }),
+        };
+        policies
+            .create(&PostParams::default(), &deny_egress)
+            .await?;
+
+        let open = first_moment(&ns, runner_check_pod("open", &[])).await?;
+        ensure!(
+            open.contains("\"verdict\":\"INFRA_ERROR\"")
+                && open.contains("is reachable from the sandbox")
+                && !open.contains("program-ran"),
+            "the runner ran a program with the API server reachable: {open}"
+        );
+        let isolated =
+            first_moment(&ns, runner_check_pod("isolated", &[("role", "isolated")])).await?;
+        ensure!(
+            isolated.contains("program-ran") && isolated.contains("\"verdict\":\"OK\""),
+            "the isolated pod did not run the program: {isolated}"
+        );
+        Ok(())
+    })
+    .await;
+}

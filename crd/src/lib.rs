@@ -46,7 +46,8 @@ pub const MAX_TIMEOUT_SECONDS: u32 = 3_600;
 /// when the field is added or removed; here each optional field must also keep its
 /// presence.
 const SPEC_IMMUTABLE: &str = concat!(
-    "self.tool == oldSelf.tool && self.callId == oldSelf.callId",
+    "self.tool == oldSelf.tool",
+    " && has(self.callId) == has(oldSelf.callId) && (!has(self.callId) || self.callId == oldSelf.callId)",
     " && self.language == oldSelf.language && self.code == oldSelf.code",
     " && has(self.args) == has(oldSelf.args) && (!has(self.args) || self.args == oldSelf.args)",
     " && has(self.env) == has(oldSelf.env) && (!has(self.env) || self.env == oldSelf.env)",
@@ -95,10 +96,13 @@ const NAME_IS_LABEL: &str = "self.metadata.name.size() <= 63";
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ToolRunSpec {
-    /// Name of the tool that asked for this run (e.g. `run_code`).
+    /// Name of the tool that asked for this run; `run_code` when left out.
+    #[serde(default = "default_tool")]
     #[schemars(length(min = 1, max = 128))]
     pub tool: String,
-    /// The caller's call id (copied, sanitised, into the `toolrun.dev/call-id` label).
+    /// The caller's call id (copied, sanitised, into the `toolrun.dev/call-id` label); the
+    /// object's own name when left out.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 256))]
     pub call_id: String,
     /// Interpreter language.
@@ -140,6 +144,21 @@ pub struct ToolRunSpec {
     /// Set to true to stop the run. The only field that may change after creation.
     #[serde(default, skip_serializing_if = "is_false")]
     pub cancel: bool,
+}
+
+fn default_tool() -> String {
+    "run_code".to_string()
+}
+
+impl ToolRun {
+    /// The run's call id: `spec.callId`, or the object's name when a person applied the
+    /// ToolRun without one.
+    pub fn call_id(&self) -> &str {
+        match self.spec.call_id.as_str() {
+            "" => self.metadata.name.as_deref().unwrap_or_default(),
+            id => id,
+        }
+    }
 }
 
 fn is_false(b: &bool) -> bool {

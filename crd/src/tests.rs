@@ -320,12 +320,36 @@ fn schema_rejects_nonsense() {
         json!("é".repeat(MAX_CODE_CHARS as usize)),
     );
     validate_spec(&max_code).unwrap();
-    // Required fields.
-    for field in ["tool", "callId", "language", "code"] {
+    // Required fields: only what a person must say.
+    for field in ["language", "code"] {
         let mut spec = good_spec();
         spec.as_object_mut().unwrap().remove(field);
         assert!(validate_spec(&spec).is_err(), "{field} is not required");
     }
+    // tool and callId may be left out: tool defaults to run_code (in the schema, so the API
+    // server fills it in), callId to the object's name.
+    let mut spec = good_spec();
+    spec.as_object_mut().unwrap().remove("tool");
+    spec.as_object_mut().unwrap().remove("callId");
+    validate_spec(&spec).unwrap();
+    let crd = serde_json::to_value(ToolRun::crd()).unwrap();
+    let props = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(props["properties"]["tool"]["default"], "run_code");
+    let run: ToolRun = serde_json::from_value(json!({
+        "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
+        "metadata": {"name": "by-hand"},
+        "spec": {"language": "bash", "code": "echo hi"}
+    }))
+    .unwrap();
+    assert_eq!(run.spec.tool, "run_code");
+    assert_eq!(run.call_id(), "by-hand");
+    let named: ToolRun = serde_json::from_value(json!({
+        "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
+        "metadata": {"name": "by-hand"},
+        "spec": {"language": "bash", "code": "echo hi", "callId": "call-9"}
+    }))
+    .unwrap();
+    assert_eq!(named.call_id(), "call-9");
 }
 
 #[test]

@@ -1,6 +1,8 @@
-//! `toolrun bench`: a gRPC load generator.
+//! `toolrun bench`: a gRPC (and MCP) load generator.
 //!
-//! Measures `echo` and `calculator` at several concurrencies and `run_code` python
+//! Measures `echo` and `calculator` at several concurrencies, `echo` through MCP's
+//! `tools/call` (Streamable HTTP, protocol 2025-11-25, one keep-alive connection per client
+//! as MCP clients hold) at the same concurrencies beside gRPC, and `run_code` python
 //! `print(1)` beside bare `python3 -c 'print(1)'`, all in one run, so the ratios are
 //! comparable on a noisy machine; `--sandbox-concurrency 1,8,32` runs the `run_code`
 //! scenario with that many callers each, and `--rss-pid` samples a (remote) gateway's
@@ -72,6 +74,13 @@ pub struct BenchArgs {
     /// ripgrep for the grep baseline.
     #[arg(long, default_value = "rg")]
     pub rg: String,
+    /// MCP endpoint for the MCP scenario (default: the in-process gateway's; with `--addr`
+    /// and no `--mcp-url` the scenario is skipped).
+    #[arg(long, env = "TOOLRUN_MCP_URL")]
+    pub mcp_url: Option<String>,
+    /// Skip the MCP scenario.
+    #[arg(long)]
+    pub no_mcp: bool,
 }
 
 /// One scenario's figures.
@@ -175,6 +184,111 @@ async fn inline_scenario(
         failures += f;
     }
     Ok(report(tool, concurrency, all, failures, start.elapsed()))
+}
+
+/// `tools/call` of `echo` over MCP: each of `concurrency` clients initializes once and
+/// then posts calls on its own keep-alive connection, as an MCP client does.
+async fn mcp_scenario(url: &str, concurrency: usize, seconds: f64) -> Result<Report, CliError> {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| CliError::Usage(format!("--mcp-url {url:?}: {e}")))?;
+    let client: Client<_, Full<bytes::Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(concurrency)
+        .build_http();
+    let post =
+        move |client: Client<_, Full<bytes::Bytes>>, session: Option<String>, body: String| {
+            let uri = uri.clone();
+            async move {
+                let mut req = http::Request::post(uri)
+                    .header(http::header::CONTENT_TYPE, "application/json")
+                    .header(http::header::ACCEPT, "application/json, text/event-stream")
+                    .header("mcp-protocol-version", "2025-11-25");
+                if let Some(s) = &session {
+                    req = req.header("mcp-session-id", s);
+                }
+                let req = req
+                    .body(Full::new(bytes::Bytes::from(body)))
+                    .map_err(|e| e.to_string())?;
+                let resp = client.request(req).await.map_err(|e| e.to_string())?;
+                let status = resp.status();
+                let session = resp
+                    .headers()
+                    .get("mcp-session-id")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string);
+                let body = resp
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .to_bytes();
+                if !status.is_success() {
+                    return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&body)));
+                }
+                Ok::<_, String>((session, body))
+            }
+        };
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "toolrun-bench", "version": env!("CARGO_PKG_VERSION")}}})
+    .to_string();
+    let deadline = Instant::now() + Duration::from_secs_f64(seconds);
+    let max_calls_per_caller = 5_000_000 / concurrency.max(1);
+    let mut tasks = Vec::with_capacity(concurrency);
+    let start = Instant::now();
+    for _ in 0..concurrency {
+        let (client, post, init) = (client.clone(), post.clone(), init.clone());
+        tasks.push(tokio::spawn(async move {
+            let session = match post(client.clone(), None, init).await {
+                Ok((session, _)) => session,
+                Err(e) => {
+                    eprintln!("MCP initialize failed: {e}");
+                    return (Vec::new(), 1);
+                }
+            };
+            let mut lat = Vec::with_capacity(4096);
+            let mut failures = 0usize;
+            let mut id = 0u64;
+            while Instant::now() < deadline && lat.len() < max_calls_per_caller {
+                id += 1;
+                let body = format!(
+                    r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"hello"}}}}}}"#
+                );
+                let t = Instant::now();
+                let r = post(client.clone(), session.clone(), body).await;
+                lat.push(t.elapsed().as_micros() as u64);
+                let ok = r.as_ref().is_ok_and(|(_, b)| {
+                    let b = String::from_utf8_lossy(b);
+                    b.contains(r#""isError":false"#) && b.contains("hello")
+                });
+                if !ok && failures == 0 {
+                    eprintln!("MCP tools/call failed: {r:?}");
+                }
+                failures += usize::from(!ok);
+            }
+            (lat, failures)
+        }));
+    }
+    let mut all = Vec::new();
+    let mut failures = 0;
+    for t in tasks {
+        let (lat, f) = t
+            .await
+            .map_err(|e| CliError::Usage(format!("bench task: {e}")))?;
+        all.extend(lat);
+        failures += f;
+    }
+    Ok(report(
+        "mcp tools/call echo",
+        concurrency,
+        all,
+        failures,
+        start.elapsed(),
+    ))
 }
 
 async fn sandbox_scenario(addr: &str, runs: usize, concurrency: usize) -> Result<Report, CliError> {
@@ -594,18 +708,23 @@ fn print_report(r: &Report, json: bool) {
 /// Runs every scenario and prints the figures.
 pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let mut server = None;
+    let mut mcp_url = args.mcp_url.clone();
     let addr = match &args.addr {
         Some(a) => a.clone(),
         None => {
             let running = start(ServeArgs {
                 listen: "127.0.0.1:0".parse().expect("valid"),
                 admin_listen: "127.0.0.1:0".parse().expect("valid"),
+                mcp_listen: crate::serve::Listen::On("127.0.0.1:0".parse().expect("valid")),
                 no_sandbox: args.no_sandbox,
                 ..ServeArgs::default()
             })
             .await
             .map_err(|e| CliError::Usage(format!("cannot start the in-process gateway: {e}")))?;
             let addr = format!("http://{}", running.grpc_addr);
+            if mcp_url.is_none() {
+                mcp_url = running.mcp_addr.map(|a| format!("http://{a}/mcp"));
+            }
             server = Some(running);
             addr
         }
@@ -619,6 +738,18 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     for &c in args.concurrency.iter().filter(|_| !args.no_inline) {
         let r = inline_scenario(&addr, "echo", r#"{"message":"hello"}"#, c, args.seconds).await?;
         print_report(&r, args.json);
+        // The same call through MCP, right after gRPC's on the same machine state.
+        if let Some(url) = mcp_url.as_deref().filter(|_| !args.no_mcp) {
+            let m = mcp_scenario(url, c, args.seconds).await?;
+            print_report(&m, args.json);
+            if !args.json {
+                println!(
+                    "  mcp / grpc echo at {c}: p50 {:.2}x, calls/s {:.2}x",
+                    m.p50_us as f64 / r.p50_us.max(1) as f64,
+                    m.calls_per_sec / r.calls_per_sec.max(1e-9)
+                );
+            }
+        }
         let r = inline_scenario(
             &addr,
             "calculator",

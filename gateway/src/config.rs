@@ -59,6 +59,35 @@ pub struct Config {
     pub tools: BTreeMap<String, ToolConfig>,
     /// Sessions, workspaces and approvals.
     pub sessions: SessionsConfig,
+    /// The MCP (and HTTP) listener.
+    pub mcp: McpConfig,
+}
+
+/// Settings of the MCP listener (`mcp`): which `Host` and `Origin` headers it accepts, on
+/// every route (DNS rebinding and cross-site requests against a gateway on loopback).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpConfig {
+    /// Accepted `Host` values: `name` (any port), `name:port`, or `*` (any host: only behind
+    /// a proxy that checks it). Default: loopback names.
+    pub allowed_hosts: Vec<String>,
+    /// Accepted `Origin` values of browser requests (requests without `Origin` pass):
+    /// `scheme://host` with `:port` or `:*` (any port), `null`, or `*` (any). Default:
+    /// loopback origins.
+    pub allowed_origins: Vec<String>,
+}
+
+impl Default for McpConfig {
+    fn default() -> Self {
+        McpConfig {
+            allowed_hosts: ["localhost", "127.0.0.1", "[::1]"]
+                .map(String::from)
+                .to_vec(),
+            allowed_origins: ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"]
+                .map(String::from)
+                .to_vec(),
+        }
+    }
 }
 
 /// Approval modes of a session (seed 001's names).
@@ -555,6 +584,7 @@ mod tests {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../toolrun.example.yaml");
         let c = Config::load(Path::new(path)).expect("example loads");
         assert_eq!(c.sessions, SessionsConfig::default());
+        assert_eq!(c.mcp, McpConfig::default());
         assert_eq!(
             c.tools.get("shell").and_then(|t| t.timeout_ms),
             Some(MAX_SHELL_TIMEOUT_MS)

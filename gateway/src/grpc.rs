@@ -354,8 +354,27 @@ impl pb::tool_service_server::ToolService for ToolService {
         let call = Self::call_request(deadline, request.into_inner())?;
         let (event_tx, event_rx) = mpsc::channel::<Result<pb::ToolEvent, Status>>(16);
         let mut handle = self.executor.start(call, &self.hard_stop, true);
+        // The deadline bounds the whole stream, not only the handler (which returns at once):
+        // when it passes, the stream ends DEADLINE_EXCEEDED and the call is cancelled.
+        let expires = deadline.map(|d| tokio::time::Instant::now() + d);
         tokio::spawn(async move {
-            while let Some(event) = handle.next().await {
+            loop {
+                let next = match expires {
+                    Some(at) => match tokio::time::timeout_at(at, handle.next()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            // Dropping the handle (on return) cancels the call.
+                            let _ = event_tx
+                                .send(Err(Status::deadline_exceeded(
+                                    "the call's deadline expired; the call was cancelled",
+                                )))
+                                .await;
+                            return;
+                        }
+                    },
+                    None => handle.next().await,
+                };
+                let Some(event) = next else { return };
                 let event = match event {
                     CallEvent::Chunk(chunk) => chunk_event(chunk),
                     CallEvent::Done(outcome) => pb::ToolEvent {

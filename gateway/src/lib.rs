@@ -13,6 +13,8 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod grpc;
+pub mod http;
+pub mod mcp;
 pub mod metrics;
 pub mod providers;
 pub mod registry;

@@ -1,4 +1,5 @@
-//! `toolrun serve`: the gRPC gateway and its admin port, with graceful shutdown.
+//! `toolrun serve`: the gRPC gateway, the HTTP listener (MCP) and the admin port, with
+//! graceful shutdown.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -36,6 +37,9 @@ pub struct ServeArgs {
     /// Admin HTTP listen address (/healthz, /readyz, /metrics).
     #[arg(long, env = "TOOLRUN_ADMIN_LISTEN", default_value = "127.0.0.1:9090")]
     pub admin_listen: SocketAddr,
+    /// HTTP listen address of MCP (Streamable HTTP at /mcp), or `off`.
+    #[arg(long, env = "TOOLRUN_MCP_LISTEN", default_value = "127.0.0.1:8080", value_parser = parse_listen)]
+    pub mcp_listen: Listen,
     /// Configuration file (YAML); see `toolrun.example.yaml`.
     #[arg(long, env = "TOOLRUN_CONFIG")]
     pub config: Option<PathBuf>,
@@ -70,6 +74,8 @@ impl Default for ServeArgs {
         ServeArgs {
             listen: "127.0.0.1:50051".parse().expect("valid"),
             admin_listen: "127.0.0.1:9090".parse().expect("valid"),
+            // Embedded gateways (tests) open no MCP port unless asked.
+            mcp_listen: Listen::Off,
             config: None,
             max_message_bytes: 4 * 1024 * 1024,
             max_concurrent_streams: 1024,
@@ -80,6 +86,24 @@ impl Default for ServeArgs {
             state_dir: None,
         }
     }
+}
+
+/// A listener that can be turned off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    /// Not served.
+    Off,
+    /// Served on this address.
+    On(SocketAddr),
+}
+
+fn parse_listen(s: &str) -> Result<Listen, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(Listen::Off);
+    }
+    s.parse()
+        .map(Listen::On)
+        .map_err(|e| format!("{s:?} is neither an address (HOST:PORT) nor `off`: {e}"))
 }
 
 /// Why the server could not start or stopped with an error.
@@ -111,6 +135,9 @@ pub enum ServeError {
     /// The admin server failed.
     #[error("admin server: {0}")]
     Admin(std::io::Error),
+    /// The HTTP (MCP) server failed.
+    #[error("MCP server: {0}")]
+    Http(std::io::Error),
     /// The state dir or the sessions in it could not be opened.
     #[error("sessions: {0}")]
     Sessions(#[from] crate::session::SessionError),
@@ -122,6 +149,8 @@ pub struct Running {
     pub grpc_addr: SocketAddr,
     /// Bound admin address.
     pub admin_addr: SocketAddr,
+    /// Bound HTTP (MCP) address, when served.
+    pub mcp_addr: Option<SocketAddr>,
     shutdown: CancellationToken,
     join: JoinHandle<Result<(), ServeError>>,
 }
@@ -265,6 +294,19 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
             source,
         })?;
     let admin_addr = admin_listener.local_addr().map_err(ServeError::Admin)?;
+    let http_settings = crate::http::HttpSettings::new(&config.mcp, args.max_message_bytes)?;
+    let mcp_listener = match args.mcp_listen {
+        Listen::Off => None,
+        Listen::On(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| ServeError::Bind { addr, source })?,
+        ),
+    };
+    let mcp_addr = match &mcp_listener {
+        Some(l) => Some(l.local_addr().map_err(ServeError::Http)?),
+        None => None,
+    };
 
     let shutdown = CancellationToken::new();
     let hard_stop = CancellationToken::new();
@@ -314,11 +356,16 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()
         .expect("descriptor sets are valid");
+    // Stops the gRPC and HTTP listeners (the drain begins).
+    let grpc_stop = CancellationToken::new();
+    let mcp = mcp_listener.map(|listener| {
+        let router = crate::http::router(executor.clone(), hard_stop.clone(), &http_settings);
+        crate::http::serve(listener, router, grpc_stop.clone())
+    });
     let service = ToolService::new(executor, hard_stop.clone()).into_server(args.max_message_bytes);
 
     // Graceful shutdown: not ready, health NOT_SERVING, stop accepting, let in-flight calls
     // finish for the drain timeout, then cancel them (which kills their sandboxes).
-    let grpc_stop = CancellationToken::new();
     {
         let shutdown = shutdown.clone();
         let grpc_stop = grpc_stop.clone();
@@ -362,21 +409,29 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         .with_graceful_shutdown(async move { admin_stop.cancelled().await });
 
     admin_state.ready.store(true, Ordering::Release);
-    tracing::info!(grpc = %grpc_addr, admin = %admin_addr, "toolrun serving");
+    tracing::info!(grpc = %grpc_addr, admin = %admin_addr, mcp = ?mcp_addr, "toolrun serving");
+    let mcp = async move {
+        match mcp {
+            Some(serving) => serving.await,
+            None => Ok(()),
+        }
+    };
     let join = tokio::spawn(async move {
-        let (g, a) = tokio::join!(grpc, admin);
+        let (g, a, m) = tokio::join!(grpc, admin, mcp);
         hard_stop.cancel();
         if let Some(s) = sessions {
             s.shutdown().await;
         }
         g?;
         a.map_err(ServeError::Admin)?;
+        m.map_err(ServeError::Http)?;
         tracing::info!("toolrun stopped");
         Ok(())
     });
     Ok(Running {
         grpc_addr,
         admin_addr,
+        mcp_addr,
         shutdown,
         join,
     })

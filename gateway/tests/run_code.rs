@@ -266,6 +266,49 @@ async fn client_cancellation_kills_the_run() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_tool_deadline_ends_the_stream_and_kills_the_run() {
+    // The deadline bounds the whole stream (the handler returns at once): the client gets
+    // the output so far, then DEADLINE_EXCEEDED at the deadline, and the run is killed.
+    let (_s, mut c) = gateway("{}", 1000).await;
+    let marker = format!("deadlinemarker{}", std::process::id());
+    let mut request = tonic::Request::new(req(
+        "run_code",
+        json!({"language": "python", "code": "import time\nprint('started', flush=True)\ntime.sleep(30)",
+               "args": [marker.clone()], "timeout": 30}),
+    ));
+    request.set_timeout(Duration::from_secs(3));
+    let start = Instant::now();
+    let mut stream = c.stream_tool(request).await.unwrap().into_inner();
+    let mut stdout = String::new();
+    let status = loop {
+        match stream.message().await {
+            Ok(Some(ev)) => match ev.event.unwrap() {
+                pb::tool_event::Event::Stdout(ch) => {
+                    stdout.push_str(&String::from_utf8_lossy(&ch.data))
+                }
+                pb::tool_event::Event::Result(r) => panic!("a result, not the deadline: {r:?}"),
+                _ => {}
+            },
+            Ok(None) => panic!("the stream ended without the deadline's status"),
+            Err(status) => break status,
+        }
+    };
+    let at = start.elapsed();
+    assert_eq!(status.code(), tonic::Code::DeadlineExceeded, "{status:?}");
+    assert_eq!(stdout, "started\n");
+    assert!(
+        at >= Duration::from_millis(2900) && at < Duration::from_secs(6),
+        "ended at {at:?}"
+    );
+    wait_until(
+        "the run to be killed at the deadline",
+        Duration::from_secs(5),
+        || !marker_alive(&marker),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn excess_runs_queue_within_their_timeout() {
     let (s, c) = gateway("sandbox:\n  max_concurrent_runs: 1\n", 1000).await;
     let metrics_url = format!("http://{}/metrics", s.admin_addr);

@@ -221,7 +221,7 @@ fn child_metadata(run: &ToolRun, config: &OperatorConfig) -> Result<ObjectMeta, 
     Ok(ObjectMeta {
         name: Some(name.clone()),
         namespace: Some(namespace),
-        labels: Some(child_labels(&name, &run.spec.call_id)),
+        labels: Some(child_labels(&name, run.call_id())),
         owner_references: Some(vec![owner]),
         ..ObjectMeta::default()
     })
@@ -343,9 +343,13 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
         name: RUN_CONTAINER.into(),
         image: Some(image.clone()),
         image_pull_policy: config.image_pull_policy.clone(),
-        // Fixed argv: the code, args and env are only in spec.json.
+        // Fixed argv: the code, args and env are only in spec.json. The runner refuses to
+        // start the program while the API server (from the kubelet's KUBERNETES_SERVICE_*
+        // variables) is reachable: the pod's deny-all policy is verified, not assumed.
         command: Some(vec![
             runner_path,
+            "--require-unreachable".into(),
+            "auto".into(),
             "--spec".into(),
             format!("{SPEC_DIR}/{SPEC_KEY}"),
         ]),

@@ -25,6 +25,15 @@
 //! the record is written. The runner is non-dumpable, so the program (same uid) can
 //! neither ptrace it nor write into its stdout through /proc.
 //!
+//! ## Agent mode
+//! `toolrun-runner agent` serves many requests (runs, file operations) over stdin/stdout as
+//! the long-lived PID 1 of a pod; each run is executed by this one-shot mode. See [`agent`].
+//!
+//! ## Fail closed before the first program
+//! `--require-unreachable HOST:PORT|auto|off` (or `TOOLRUN_REQUIRE_UNREACHABLE`; default off
+//! in one-shot mode, `auto` in agent mode) refuses to run (`INFRA_ERROR` naming the cause)
+//! while that address, by default the API server, is reachable: see [`agent::reach`].
+//!
 //! ## Verdicts
 //! TIMEOUT (wall clock: `timed_out`; CPU rlimit: SIGXCPU, or SIGKILL after the CPU limit,
 //! message says CPU time), OUTPUT_LIMIT (a stream passed the cap; the program was
@@ -35,6 +44,7 @@
 //! nor a MemoryError from another exception: the backend that owns the memory limit
 //! corrects RUNTIME_ERROR to MEMORY_LIMIT (the local sandbox reads its memory cgroup).
 
+pub mod agent;
 pub mod capture;
 pub mod oom;
 pub mod run;

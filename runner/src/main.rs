@@ -1,11 +1,76 @@
+use std::io::Write;
+
+use toolrun_runner::agent::reach::{self, ReachCheck};
+use toolrun_runner::{Event, run};
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("install") {
-        std::process::exit(install::main(&args[2..]));
+    match args.get(1).map(String::as_str) {
+        Some("install") => std::process::exit(install::main(&args[2..])),
+        Some("agent") => std::process::exit(toolrun_runner::agent::main(&args[2..])),
+        _ => {}
     }
-    std::process::exit(toolrun_runner::run::main_entry(args));
+    let (args, check) = match reach_flags(args) {
+        Ok(v) => v,
+        Err(message) => refuse(message),
+    };
+    if let Some(check) = check
+        && let Err(message) = check.run()
+    {
+        refuse(message);
+    }
+    std::process::exit(run::main_entry(args));
 }
 
+/// Writes an INFRA_ERROR record and exits (the record is the runner's whole answer).
+fn refuse(message: String) -> ! {
+    let line = Event::Result(run::infra_error(message)).to_line();
+    let mut out = std::io::stdout().lock();
+    let ok = out.write_all(line.as_bytes()).and_then(|()| out.flush());
+    std::process::exit(if ok.is_ok() { 0 } else { 1 })
+}
+
+/// Takes the one-shot mode's reachability flags out of `args`: `--require-unreachable
+/// HOST:PORT|auto|off` and `--unreachable-wait-ms N`, with the same environment variables as
+/// the agent. Off unless asked for.
+fn reach_flags(args: Vec<String>) -> Result<(Vec<String>, Option<ReachCheck>), String> {
+    let mut rest = Vec::with_capacity(args.len());
+    let mut target = std::env::var(reach::ENV_TARGET).unwrap_or_else(|_| "off".into());
+    let mut wait = std::env::var(reach::ENV_WAIT_MS).ok();
+    let mut it = args.into_iter();
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        match flag.as_str() {
+            "--require-unreachable" | "--unreachable-wait-ms" => {
+                let value = inline
+                    .or_else(|| it.next())
+                    .ok_or(format!("{flag} needs a value"))?;
+                if flag == "--require-unreachable" {
+                    target = value;
+                } else {
+                    wait = Some(value);
+                }
+            }
+            _ => rest.push(arg),
+        }
+    }
+    let wait = match wait {
+        Some(v) => std::time::Duration::from_millis(
+            v.parse()
+                .map_err(|_| format!("unreachable wait {v:?} is not a number of milliseconds"))?,
+        ),
+        None => reach::DEFAULT_WAIT,
+    };
+    let check = reach::target_from(&target, |k| std::env::var(k).ok()).map(|target| ReachCheck {
+        target,
+        wait,
+        connect_timeout: reach::DEFAULT_CONNECT_TIMEOUT,
+    });
+    Ok((rest, check))
+}
 /// `toolrun-runner install DEST`: copies this executable to DEST (mode 0755).
 ///
 /// The runner image holds nothing but the static binary (no shell, no `cp`), so in a

@@ -98,8 +98,9 @@ fn read_spec(args: impl IntoIterator<Item = String>) -> Result<RunSpec, String> 
     serde_json::from_slice(&text).map_err(|e| format!("invalid spec: {e}"))
 }
 
-/// Protections of the runner against the program it starts (same uid).
-fn harden_self() {
+/// Protections of the runner against the program it starts (same uid); the agent applies
+/// them to itself too.
+pub fn harden_self() {
     // Not dumpable: the program cannot ptrace the runner nor open /proc/<runner>/fd/1 to
     // write forged events into the record stream.
     let _ = nix::sys::prctl::set_dumpable(false);
@@ -503,7 +504,7 @@ fn kill_all(child: Pid) {
 }
 
 /// Every live descendant of `root`, from /proc/<pid>/task/<tid>/children.
-fn descendants(root: i32) -> Vec<i32> {
+pub fn descendants(root: i32) -> Vec<i32> {
     let mut found = Vec::new();
     let mut queue = vec![root];
     while let Some(pid) = queue.pop() {

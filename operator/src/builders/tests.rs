@@ -216,6 +216,8 @@ fn init_container_installs_the_runner_the_run_container_starts() {
         main.command,
         Some(vec![
             "/toolrun/bin/toolrun-runner".to_string(),
+            "--require-unreachable".to_string(),
+            "auto".to_string(),
             "--spec".into(),
             "/toolrun/spec/spec.json".into()
         ])
@@ -254,6 +256,8 @@ fn a_language_image_with_a_runner_needs_no_init_container() {
         main.command,
         Some(vec![
             crate::config::SANDBOX_IMAGE_RUNNER.to_string(),
+            "--require-unreachable".to_string(),
+            "auto".to_string(),
             "--spec".into(),
             "/toolrun/spec/spec.json".into()
         ])

@@ -31,7 +31,16 @@ start_component() { # NAME CMD...: run in the background, own session, log to LO
   mkdir -p "$PID_DIR" "$LOG_DIR"
   echo "=== $(date -u +%FT%TZ) starting: $*" >> "$LOG_DIR/$name.log"
   setsid "$@" >> "$LOG_DIR/$name.log" 2>&1 < /dev/null &
-  echo $! > "$PID_DIR/$name.pid"
+  local pid=$! i
+  echo "$pid" > "$PID_DIR/$name.pid"
+  # Until the forked shell has exec'd the command, its cmdline is this script's, and pid_of
+  # (which checks the cmdline against pid reuse) would call the component gone: on a loaded
+  # machine that window lasts long enough for a check to fall into it. Wait for the exec.
+  for i in $(seq 100); do
+    grep -qa -- "$name" "/proc/$pid/cmdline" 2>/dev/null && return 0
+    alive "$pid" || return 0
+    sleep 0.1
+  done
 }
 
 wait_for() { # NAME SECONDS CHECK...: wait until CHECK succeeds, or fail naming NAME

@@ -292,3 +292,162 @@ print("VERSION", v["gitVersion"])
     })
     .await;
 }
+
+/// A pod that tries HOST:PORT every 50 ms from the moment its program starts, for 4 s, and
+/// prints when the first connection opened (`FIRST_OPEN <ms>`) or `NEVER_OPEN`, with the
+/// errors it saw.
+fn first_moment_pod(name: &str, labels: &[(&str, &str)], host: &str, port: u16) -> Pod {
+    let script = format!(
+        r#"
+import socket, time
+start = time.monotonic()
+errors = {{}}
+while time.monotonic() - start < 4:
+    try:
+        socket.create_connection(("{host}", {port}), timeout=0.2).close()
+        print("FIRST_OPEN", int((time.monotonic() - start) * 1000), flush=True)
+        break
+    except OSError as e:
+        errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
+    time.sleep(0.05)
+else:
+    print("NEVER_OPEN", flush=True)
+print("ERRORS", sorted(errors.items()), flush=True)
+"#
+    );
+    sandbox_pod(name, labels, python(&script))
+}
+
+async fn first_moment(ns: &TestNs, pod: Pod) -> Result<String> {
+    let name = pod.metadata.name.clone().context("pod without a name")?;
+    let pods = ns.pods();
+    pods.create(&PostParams::default(), &pod).await?;
+    let done = wait_pod(&pods, &name, START, "finished", is_finished).await?;
+    let log = logs(&pods, &name).await?;
+    ensure!(
+        phase(&done) == "Succeeded",
+        "{name} ended {}: {log:?}",
+        phase(&done)
+    );
+    Ok(log)
+}
+
+#[tokio::test]
+async fn a_pod_under_a_deny_all_egress_policy_reaches_nothing_from_its_first_moment() {
+    // The test cluster's policy controller programs a pod's rules after the pod starts; it
+    // fails closed (traffic of a pod it has not programmed is dropped), so a pod created after
+    // a deny-all egress policy that selects it has no window in which it can connect. Target:
+    // the API server through the `kubernetes` Service, the address every pod knows.
+    run_in_namespace("first-moment", |ns| async move {
+        let svc = Api::<Service>::namespaced(ns.client.clone(), "default")
+            .get("kubernetes")
+            .await?;
+        let ip = svc
+            .spec
+            .and_then(|s| s.cluster_ip)
+            .context("kubernetes service has no cluster IP")?;
+
+        let policies: Api<NetworkPolicy> = ns.api();
+        let deny_egress = NetworkPolicy {
+            metadata: ObjectMeta {
+                name: Some("deny-egress".into()),
+                ..Default::default()
+            },
+            spec: Some(NetworkPolicySpec {
+                pod_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([("role".into(), "isolated".into())])),
+                    ..Default::default()
+                }),
+                policy_types: Some(vec!["Egress".into()]),
+                ..Default::default()
+            }),
+        };
+        policies
+            .create(&PostParams::default(), &deny_egress)
+            .await?;
+
+        // Control: a pod the policy does not select, same script, same namespace, opens the
+        // connection within the 4 s (after the controller has programmed it).
+        let control = first_moment(&ns, first_moment_pod("control", &[], &ip, 443)).await?;
+        ensure!(
+            control.contains("FIRST_OPEN"),
+            "control pod without the policy never connected: {control:?}"
+        );
+        for attempt in 0..3 {
+            let name = format!("isolated-{attempt}");
+            let log = first_moment(
+                &ns,
+                first_moment_pod(&name, &[("role", "isolated")], &ip, 443),
+            )
+            .await?;
+            ensure!(
+                log.contains("NEVER_OPEN"),
+                "{name}, selected by a deny-all egress policy, connected: {log:?}"
+            );
+            // Dropped, not refused: the packets went nowhere.
+            ensure!(
+                log.contains("TimeoutError") && !log.contains("ConnectionRefused"),
+                "{name} saw other errors than timeouts: {log:?}"
+            );
+        }
+        Ok(())
+    })
+    .await;
+}
+
+/// A pod that runs the sandbox image's runner with `--require-unreachable auto` on a tiny
+/// spec read from stdin, and prints the runner's record.
+fn runner_check_pod(name: &str, labels: &[(&str, &str)]) -> Pod {
+    let spec = serde_json::json!({
+        "language": "bash", "code": "echo program-ran", "interpreter": "/bin/bash",
+        "limits": {"timeout_ms": 10000, "output_limit_bytes": 65536}
+    });
+    let script = format!(
+        "echo '{spec}' | /usr/local/bin/toolrun-runner --require-unreachable auto --unreachable-wait-ms 1500 --spec -"
+    );
+    sandbox_pod(name, labels, vec!["/bin/bash".into(), "-c".into(), script])
+}
+
+#[tokio::test]
+async fn the_runner_refuses_to_run_while_the_api_server_is_reachable() {
+    // The product verifies its isolation instead of assuming it: the runner connects to the
+    // API server (KUBERNETES_SERVICE_HOST, set by the kubelet in every pod) before the program
+    // starts. In a pod that no policy isolates it refuses with INFRA_ERROR naming the cause;
+    // under a deny-all egress policy (control) the same pod runs the program.
+    run_in_namespace("runner-reach-check", |ns| async move {
+        let policies: Api<NetworkPolicy> = ns.api();
+        let deny_egress = NetworkPolicy {
+            metadata: ObjectMeta {
+                name: Some("deny-egress".into()),
+                ..Default::default()
+            },
+            spec: Some(NetworkPolicySpec {
+                pod_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([("role".into(), "isolated".into())])),
+                    ..Default::default()
+                }),
+                policy_types: Some(vec!["Egress".into()]),
+                ..Default::default()
+            }),
+        };
+        policies
+            .create(&PostParams::default(), &deny_egress)
+            .await?;
+
+        let open = first_moment(&ns, runner_check_pod("open", &[])).await?;
+        ensure!(
+            open.contains("\"verdict\":\"INFRA_ERROR\"")
+                && open.contains("is reachable from the sandbox")
+                && !open.contains("program-ran"),
+            "the runner ran a program with the API server reachable: {open}"
+        );
+        let isolated =
+            first_moment(&ns, runner_check_pod("isolated", &[("role", "isolated")])).await?;
+        ensure!(
+            isolated.contains("program-ran") && isolated.contains("\"verdict\":\"OK\""),
+            "the isolated pod did not run the program: {isolated}"
+        );
+        Ok(())
+    })
+    .await;
+}

@@ -294,6 +294,7 @@ async fn default_render_matches_the_contract() {
         .collect();
     names.sort();
     let expected = [
+        "ConfigMap toolrun-system/toolrun-gateway",
         "ConfigMap toolrun-system/toolrun-operator",
         "Deployment toolrun-system/toolrun-gateway",
         "Deployment toolrun-system/toolrun-operator",
@@ -422,9 +423,39 @@ async fn default_render_matches_the_contract() {
             "--listen",
             "0.0.0.0:50051",
             "--admin-listen",
-            "0.0.0.0:9090"
+            "0.0.0.0:9090",
+            "--mcp-listen",
+            "0.0.0.0:8080",
+            "--config",
+            "/etc/toolrun/toolrun.yaml"
         ])
     );
+    // MCP accepts the Service's names (and localhost, for port-forward) as Host; no
+    // browser origin.
+    let gw_cm = find(&objs, "ConfigMap", Some(NS), "toolrun-gateway");
+    let gw_cfg =
+        &helm::parse_manifests(gw_cm["data"]["toolrun.yaml"].as_str().unwrap()).unwrap()[0];
+    assert_eq!(
+        gw_cfg["mcp"],
+        json!({
+            "allowed_hosts": [
+                "localhost",
+                "127.0.0.1",
+                "toolrun-gateway",
+                format!("toolrun-gateway.{NS}"),
+                format!("toolrun-gateway.{NS}.svc"),
+                format!("toolrun-gateway.{NS}.svc.cluster.local"),
+            ],
+            "allowed_origins": [],
+        })
+    );
+    let port_names: Vec<&str> = c["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(port_names, ["grpc", "admin", "mcp"]);
     assert_eq!(
         gw["spec"]["template"]["spec"]["serviceAccountName"],
         "toolrun-gateway"
@@ -443,7 +474,11 @@ async fn default_render_matches_the_contract() {
         .collect();
     assert_eq!(
         ports,
-        [("grpc".to_string(), 50051), ("admin".to_string(), 9090)]
+        [
+            ("grpc".to_string(), 50051),
+            ("admin".to_string(), 9090),
+            ("mcp".to_string(), 8080)
+        ]
     );
     let svc = find(&objs, "Service", Some(NS), "toolrun-operator-metrics");
     assert_eq!(svc["spec"]["ports"][0]["port"], 9090);
@@ -535,7 +570,7 @@ controller:
     // Without a cluster to look at, egress goes to any address on the API server's ports
     // only; ingress only to the named ports.
     for (name, ingress_ports) in [
-        ("toolrun-gateway", vec!["grpc", "admin"]),
+        ("toolrun-gateway", vec!["grpc", "mcp", "admin"]),
         ("toolrun-operator", vec!["metrics"]),
     ] {
         let np = find(&objs, "NetworkPolicy", Some(NS), name);
@@ -592,6 +627,10 @@ async fn values_reach_the_operator_config_and_the_pods() {
             ("operator.podAnnotations", json!({"prometheus.io/scrape": "true"})),
             ("gateway.replicas", json!(3)),
             ("gateway.config", json!({"tools": {"calculator": {"enabled": false}}})),
+            ("gateway.mcp.port", json!(8181)),
+            ("gateway.mcp.extraAllowedHosts", json!(["mcp.example.com"])),
+            ("gateway.mcp.allowedOrigins", json!(["https://app.example.com"])),
+            ("gateway.mcp.clusterDomain", json!("corp.local")),
             ("networkPolicy.apiServer.cidrs", json!(["192.0.2.10/32"])),
             ("networkPolicy.apiServer.ports", json!([8443])),
         ],
@@ -644,18 +683,62 @@ async fn values_reach_the_operator_config_and_the_pods() {
     assert_eq!(c["args"][4], "agents-sandbox");
     assert_eq!(
         c["args"].as_array().unwrap()[9..],
-        [json!("--config"), json!("/etc/toolrun/toolrun.yaml")]
+        [
+            json!("--mcp-listen"),
+            json!("0.0.0.0:8181"),
+            json!("--config"),
+            json!("/etc/toolrun/toolrun.yaml")
+        ]
     );
     let gw_cm = find(&objs, "ConfigMap", Some(NS), "toolrun-gateway");
     let gw_cfg =
         &helm::parse_manifests(gw_cm["data"]["toolrun.yaml"].as_str().unwrap()).unwrap()[0];
     assert_eq!(gw_cfg["tools"]["calculator"]["enabled"], false);
+    assert_eq!(
+        gw_cfg["mcp"]["allowed_hosts"].as_array().unwrap()[5..],
+        [
+            json!(format!("toolrun-gateway.{NS}.svc.corp.local")),
+            json!("mcp.example.com")
+        ]
+    );
+    assert_eq!(
+        gw_cfg["mcp"]["allowed_origins"],
+        json!(["https://app.example.com"])
+    );
+    let svc = find(&objs, "Service", Some(NS), "toolrun-gateway");
+    assert_eq!(svc["spec"]["ports"][2]["port"], 8181);
+    assert_eq!(c["ports"][2]["containerPort"], 8181);
     assert_hardened_pod(gw);
 
     let np = find(&objs, "NetworkPolicy", Some(NS), "toolrun-operator");
     assert_eq!(
         np["spec"]["egress"],
         json!([{"ports": [{"protocol": "TCP", "port": 8443}], "to": [{"ipBlock": {"cidr": "192.0.2.10/32"}}]}])
+    );
+
+    // MCP off: no port, no policy rule, `--mcp-listen off`, and no config file without other
+    // settings.
+    let objs = render(&helm, &[("gateway.mcp.enabled", json!(false))])
+        .await
+        .unwrap();
+    let gw = find(&objs, "Deployment", Some(NS), "toolrun-gateway");
+    let c = &gw["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        c["args"].as_array().unwrap()[9..],
+        [json!("--mcp-listen"), json!("off")]
+    );
+    assert_eq!(c["ports"].as_array().unwrap().len(), 2);
+    let svc = find(&objs, "Service", Some(NS), "toolrun-gateway");
+    assert_eq!(svc["spec"]["ports"].as_array().unwrap().len(), 2);
+    assert!(
+        !objs
+            .iter()
+            .any(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "toolrun-gateway")
+    );
+    let np = find(&objs, "NetworkPolicy", Some(NS), "toolrun-gateway");
+    assert_eq!(
+        np["spec"]["ingress"][0]["ports"],
+        json!([{"protocol": "TCP", "port": "grpc"}])
     );
 
     // A release without NetworkPolicies for our pods still has the sandbox's deny-all.
@@ -802,6 +885,19 @@ async fn bad_values_are_rejected_with_the_key_named() {
         (
             vec![("operator.controller.apiQps", json!(2.5))],
             "/operator/controller/apiQps",
+        ),
+        (vec![("gateway.mcp.port", json!(9090))], "/gateway/mcp/port"),
+        (
+            vec![("gateway.mcp.extraAllowedHosts", json!(["a b"]))],
+            "/gateway/mcp/extraAllowedHosts/0",
+        ),
+        (
+            vec![("gateway.mcp.allowedOrigins", json!(["example.com"]))],
+            "/gateway/mcp/allowedOrigins/0",
+        ),
+        (
+            vec![("gateway.config", json!({"mcp": {"allowed_hosts": ["*"]}}))],
+            "gateway.config.mcp: set gateway.mcp",
         ),
     ];
     for (values, message) in cases {

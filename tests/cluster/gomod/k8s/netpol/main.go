@@ -10,6 +10,12 @@
 //	  egress-isolated pod jumps to TRN-E-<pod>, to an ingress-isolated pod to TRN-I-<pod>.
 //	TRN-[EI]-<pod>: each allowed peer/port sets the allow mark; a packet without it is
 //	  dropped, one with it has the mark cleared and returns.
+//	TRN-KNOWN: fail closed. New traffic whose source is in the pod network but is not the
+//	  address of a pod this controller has programmed is dropped, as Calico drops traffic of
+//	  workload endpoints it does not know yet. A pod created after a deny-all egress policy
+//	  that selects it therefore has no window between its start and its rules: until the
+//	  controller has seen its address it can send nothing, not even to the API server.
+//	  Traffic from the node to its pods does not pass here (OUTPUT, not FORWARD).
 //
 // Supported: policyTypes, podSelector, namespaceSelector, both together, ipBlock with except,
 // ports with protocol, numeric and named ports, endPort. Traffic from the node itself to its
@@ -47,17 +53,19 @@ import (
 const (
 	mainChain  = "TOOLRUN-NETPOL"
 	chainPfx   = "TRN-"
+	knownChain = "TRN-KNOWN"
 	allowMark  = "0x10000000/0x10000000"
 	exceptMark = "0x20000000/0x20000000"
 )
 
 type controller struct {
-	pods     listerscorev1.PodLister
-	nss      listerscorev1.NamespaceLister
-	pols     listersnetv1.NetworkPolicyLister
-	podCIDR  string
-	iptables string
-	last     string
+	pods       listerscorev1.PodLister
+	nss        listerscorev1.NamespaceLister
+	pols       listersnetv1.NetworkPolicyLister
+	podCIDR    string
+	iptables   string
+	last       string
+	failClosed bool
 }
 
 func main() {
@@ -66,9 +74,10 @@ func main() {
 	ipt := flag.String("iptables", "iptables", "iptables command (iptables-restore and iptables-save beside it)")
 	resync := flag.Duration("resync", 30*time.Second, "full resync period")
 	cleanup := flag.Bool("cleanup", false, "remove every rule and chain this program made, then exit")
+	failOpen := flag.Bool("fail-open", false, "let traffic of pods not programmed yet pass (the old behaviour; for comparison only)")
 	flag.Parse()
 
-	c := &controller{podCIDR: *podCIDR, iptables: *ipt}
+	c := &controller{podCIDR: *podCIDR, iptables: *ipt, failClosed: !*failOpen}
 	if *cleanup {
 		if err := c.cleanup(); err != nil {
 			log.Fatalf("cleanup: %v", err)
@@ -305,6 +314,16 @@ func (c *controller) sync() error {
 	var chains []string
 	var body []string
 	dispatch := []string{"-A " + mainChain + " -m conntrack --ctstate RELATED,ESTABLISHED -j RETURN"}
+	if c.failClosed {
+		// Every source in the pod network passes TRN-KNOWN first: a known pod returns, anything
+		// else in the pod network is dropped before any policy is looked at.
+		chains = append(chains, knownChain)
+		dispatch = append(dispatch, fmt.Sprintf("-A %s -s %s -j %s", mainChain, c.podCIDR, knownChain))
+		for _, pod := range pods {
+			body = append(body, fmt.Sprintf("-A %s -s %s/32 -j RETURN", knownChain, pod.Status.PodIP))
+		}
+		body = append(body, fmt.Sprintf("-A %s -j DROP", knownChain))
+	}
 	isolated := 0
 	for _, pod := range pods {
 		var in, eg []*netv1.NetworkPolicy

@@ -1,0 +1,125 @@
+//! Fail closed before the first program: the API server must be unreachable from the sandbox.
+//!
+//! A pod's deny-all NetworkPolicy is programmed by the policy controller after the pod
+//! starts, so a program that runs in the pod's first moments could still reach the network.
+//! Before the first run the runner (one-shot) or the agent tries a TCP connect to a target
+//! that must be unreachable, by default the API server the kubelet names in
+//! `KUBERNETES_SERVICE_HOST`/`KUBERNETES_SERVICE_PORT`. A connect that fails (refused,
+//! unreachable, timed out: the policy drops or rejects the packets) means isolated. A connect
+//! that succeeds is retried every [`RETRY_INTERVAL`] until `wait` has passed (the policy may
+//! still be on its way); reachable through the whole wait means the isolation is not in
+//! force, and every run is refused with `INFRA_ERROR` naming the address.
+
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// Pause between two connects that succeeded.
+pub const RETRY_INTERVAL: Duration = Duration::from_millis(100);
+/// Default bound on the wait for the isolation to come into force.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
+/// Default timeout of one connect attempt: a reachable API server on the cluster network
+/// answers a SYN in well under a millisecond; a dropping policy never answers.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// Environment variable holding the target (`HOST:PORT`, `auto`, or `off`) when no flag does.
+pub const ENV_TARGET: &str = "TOOLRUN_REQUIRE_UNREACHABLE";
+/// Environment variable holding the wait in milliseconds when no flag does.
+pub const ENV_WAIT_MS: &str = "TOOLRUN_UNREACHABLE_WAIT_MS";
+
+/// What to check, and for how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReachCheck {
+    /// `HOST:PORT`, as shown in messages.
+    pub target: String,
+    /// Bound on the wait for the target to become unreachable.
+    pub wait: Duration,
+    /// Timeout of one connect.
+    pub connect_timeout: Duration,
+}
+
+/// Resolves a `--require-unreachable` value: `HOST:PORT` (IPv6 as `[::1]:443`), `auto`
+/// (the API server from the Kubernetes service environment, none when it is unset) or
+/// `off`. `env` looks up an environment variable.
+pub fn target_from(value: &str, env: impl Fn(&str) -> Option<String>) -> Option<String> {
+    match value {
+        "off" | "" => None,
+        "auto" => {
+            let host = env("KUBERNETES_SERVICE_HOST").filter(|h| !h.is_empty())?;
+            let port = env("KUBERNETES_SERVICE_PORT").unwrap_or_else(|| "443".into());
+            Some(if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            })
+        }
+        explicit => Some(explicit.to_string()),
+    }
+}
+
+impl ReachCheck {
+    /// Runs the check: `Ok(message)` when the target is unreachable (runs may start),
+    /// `Err(message)` naming the cause when it stayed reachable for the whole wait.
+    pub fn run(&self) -> Result<String, String> {
+        let addrs: Vec<SocketAddr> = match self.target.to_socket_addrs() {
+            Ok(a) => a.collect(),
+            // No resolver (a pod without DNS egress): nothing to connect to.
+            Err(e) => {
+                return Ok(format!(
+                    "{} does not resolve ({e}): counted as unreachable",
+                    self.target
+                ));
+            }
+        };
+        let deadline = Instant::now() + self.wait;
+        loop {
+            let mut last_err = None;
+            let reached = addrs.iter().find(|addr| {
+                match TcpStream::connect_timeout(addr, self.connect_timeout) {
+                    Ok(_) => true,
+                    Err(e) => {
+                        last_err = Some(e);
+                        false
+                    }
+                }
+            });
+            let Some(addr) = reached else {
+                let why = last_err.map_or_else(|| "no address".to_string(), |e| e.to_string());
+                return Ok(format!(
+                    "{} is unreachable from the sandbox ({why})",
+                    self.target
+                ));
+            };
+            if Instant::now() + RETRY_INTERVAL >= deadline {
+                return Err(format!(
+                    "the API server {} ({addr}) is reachable from the sandbox: the pod's network \
+                     isolation is not in force (still reachable after {} ms); no program is run",
+                    self.target,
+                    self.wait.as_millis()
+                ));
+            }
+            std::thread::sleep(RETRY_INTERVAL);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets() {
+        let env = |k: &str| match k {
+            "KUBERNETES_SERVICE_HOST" => Some("10.0.0.1".to_string()),
+            "KUBERNETES_SERVICE_PORT" => Some("443".to_string()),
+            _ => None,
+        };
+        assert_eq!(target_from("auto", env).as_deref(), Some("10.0.0.1:443"));
+        assert_eq!(target_from("off", env), None);
+        assert_eq!(
+            target_from("1.2.3.4:80", env).as_deref(),
+            Some("1.2.3.4:80")
+        );
+        assert_eq!(target_from("auto", |_| None), None);
+        let v6 = |k: &str| (k == "KUBERNETES_SERVICE_HOST").then(|| "fd00::1".to_string());
+        assert_eq!(target_from("auto", v6).as_deref(), Some("[fd00::1]:443"));
+    }
+}

@@ -35,6 +35,7 @@
 //! nor a MemoryError from another exception: the backend that owns the memory limit
 //! corrects RUNTIME_ERROR to MEMORY_LIMIT (the local sandbox reads its memory cgroup).
 
+pub mod artifacts;
 pub mod capture;
 pub mod oom;
 pub mod run;
@@ -119,6 +120,41 @@ pub struct RunSpec {
     pub workdir: String,
     /// Limits the runner enforces.
     pub limits: RunnerLimits,
+    /// Files written before the program starts and artifacts collected after it ends.
+    #[serde(default, skip_serializing_if = "RunSetup::is_empty")]
+    pub setup: RunSetup,
+}
+
+/// The code-interpreter parts of a run: files the runner writes before starting the program
+/// (the source of a configured language, helper modules), and the outputs directory whose
+/// files come back as artifacts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSetup {
+    /// Written (created with their parent directories, mode 0644) before the program starts;
+    /// each path must be absolute and under `/tmp/`.
+    #[serde(default)]
+    pub files: Vec<SetupFile>,
+    /// Where the program's output files are collected from after it ends.
+    #[serde(default)]
+    pub artifacts: Option<artifacts::ArtifactSpec>,
+}
+
+impl RunSetup {
+    /// Nothing to write or collect.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.artifacts.is_none()
+    }
+}
+
+/// One file written before the program starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetupFile {
+    /// Absolute path under `/tmp/`.
+    pub path: String,
+    /// UTF-8 content.
+    pub content: String,
 }
 
 fn default_workdir() -> String {
@@ -187,6 +223,9 @@ pub struct RunRecord {
     /// Human-readable reason for a non-OK verdict (empty when OK).
     #[serde(default)]
     pub message: String,
+    /// The files found in the outputs directory after the run (when the spec asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifacts: Option<artifacts::Artifacts>,
 }
 
 /// One line of the runner's output stream.

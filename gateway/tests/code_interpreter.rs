@@ -4,8 +4,7 @@
 //! esbuild, C via gcc) and /readyz's language probe.
 //!
 //! Needs root (the local sandbox), Debian's python3-numpy python3-pandas python3-matplotlib
-//! python3-scipy, gcc, and esbuild under /usr/local/lib/toolrun-typescript (tests/run
-//! installs them).
+//! python3-scipy, gcc and esbuild (tests/run installs them).
 
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -18,8 +17,8 @@ use toolrun_proto::v1::tool_service_client::ToolServiceClient;
 
 type Client = ToolServiceClient<tonic::transport::Channel>;
 
-/// Where tests/run installs esbuild (a directory under the read-only /usr).
-const ESBUILD: &str = "/usr/local/lib/toolrun-typescript/node_modules/.bin/esbuild";
+/// Debian's esbuild (tests/run installs it).
+const ESBUILD: &str = "/usr/bin/esbuild";
 
 /// The two example languages of toolrun.example.yaml.
 fn languages() -> String {

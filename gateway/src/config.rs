@@ -389,6 +389,10 @@ pub struct LanguageConfig {
     /// `languages` must name it too).
     #[serde(default)]
     pub image: Option<String>,
+    /// A small program /readyz's probe runs once at start (default: the empty program; a
+    /// compiled language needs one that compiles, e.g. `int main(void) { return 0; }`).
+    #[serde(default)]
+    pub probe: Option<String>,
 }
 
 impl Default for SandboxConfig {

@@ -28,9 +28,11 @@ fn languages() -> String {
     typescript:
       extension: ts
       command: '{ESBUILD} --log-level=warning --platform=node --format=cjs --outfile=/tmp/.toolrun/main.js {{source}} && exec /usr/bin/node /tmp/.toolrun/main.js "$@"'
+      probe: 'const ok: number = 0;'
     c:
       extension: c
       command: 'gcc -O2 -std=c17 -Wall -o /tmp/.toolrun/prog {{source}} -lm && exec /tmp/.toolrun/prog "$@"'
+      probe: 'int main(void) {{ return 0; }}'
 "#
     )
 }
@@ -546,6 +548,7 @@ async fn readyz_lists_languages_and_libraries() {
         assert_eq!(langs[name]["available"], true, "{name}: {ready}");
     }
     assert_eq!(langs["c"]["kind"], "configured");
+    assert_eq!(langs["python"]["matplotlib_font_cache"], true, "{ready}");
     let libs = &langs["python"]["libraries"];
     for lib in ["numpy", "pandas", "matplotlib", "scipy"] {
         assert!(libs[lib].is_string(), "{lib}: {libs}");

@@ -38,6 +38,8 @@ pub struct SandboxPool {
     slots: Semaphore,
     config: SandboxConfig,
     metrics: Arc<Metrics>,
+    /// matplotlib's font list cache, built once by [`SandboxPool::probe_languages`].
+    mpl_font_cache: std::sync::OnceLock<SetupFile>,
 }
 
 impl SandboxPool {
@@ -51,6 +53,7 @@ impl SandboxPool {
             slots: Semaphore::new(slots),
             config,
             metrics,
+            mpl_font_cache: std::sync::OnceLock::new(),
         }
     }
 
@@ -105,7 +108,13 @@ impl SandboxPool {
             ));
         }
         let kubernetes = self.sandbox.info().backend == "kubernetes";
-        let resolved = resolve_language(&self.config, &code.language, code.code, kubernetes)?;
+        let mut resolved = resolve_language(&self.config, &code.language, code.code, kubernetes)?;
+        if resolved.language == Language::Python
+            && !kubernetes
+            && let Some(cache) = self.mpl_font_cache.get()
+        {
+            resolved.files.push(cache.clone());
+        }
         let mut env = BTreeMap::from([
             (
                 "PATH".to_string(),
@@ -206,7 +215,7 @@ impl SandboxPool {
                 .get(&name)
                 .cloned()
                 .unwrap_or_default();
-            let code = probe_code(&name, &libs);
+            let code = probe_code(&self.config, &name, &libs);
             let ctx = CallContext::with_timeout("readyz-probe", Duration::from_secs(20));
             let run = CodeRun {
                 language: LanguageArg(name.clone().into()),
@@ -227,6 +236,9 @@ impl SandboxPool {
                             .unwrap_or_else(|_| serde_json::json!(o.stdout.trim()));
                         e["libraries"] = found;
                     }
+                    if name == "python" && e["libraries"]["matplotlib"].is_string() {
+                        e["matplotlib_font_cache"] = self.warm_matplotlib().await.into();
+                    }
                     e
                 }
                 Err(e) => serde_json::json!({"available": false, "error": e.message}),
@@ -243,10 +255,51 @@ impl SandboxPool {
     }
 }
 
+impl SandboxPool {
+    /// Builds matplotlib's font cache once in the sandbox and keeps it for every python
+    /// run; returns whether it did.
+    async fn warm_matplotlib(&self) -> bool {
+        let ctx = CallContext::with_timeout("mpl-font-cache", Duration::from_secs(40));
+        let run = CodeRun {
+            language: LanguageArg::Python,
+            code: MPL_FONT_CACHE_PROBE.into(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            stdin: String::new(),
+            timeout: Duration::from_secs(30),
+            tool: "run_code",
+            workdir: None,
+        };
+        let Ok(out) = self.run(run, &self.config.limits.clone(), &ctx).await else {
+            return false;
+        };
+        #[derive(Deserialize)]
+        struct Cache {
+            name: String,
+            content: String,
+        }
+        let Ok(c) = serde_json::from_str::<Cache>(out.stdout.trim()) else {
+            return false;
+        };
+        let plain = !c.name.is_empty() && !c.name.contains('/') && !c.name.starts_with('.');
+        plain
+            && self
+                .mpl_font_cache
+                .set(SetupFile {
+                    path: format!("{SETUP_DIR}/matplotlib/{}", c.name),
+                    content: c.content,
+                })
+                .is_ok()
+    }
+}
+
 /// The program /readyz's probe runs in a language: python prints each library's version
-/// (null when missing) as JSON; the others run an empty program (a compiled language gets
-/// none: its command alone is checked by compiling nothing, so it reports its compiler).
-fn probe_code(language: &str, libs: &[String]) -> String {
+/// (null when missing) as JSON; a configured language runs its `probe` program (default:
+/// an empty one); javascript and bash an empty one.
+fn probe_code(config: &SandboxConfig, language: &str, libs: &[String]) -> String {
+    if let Some(l) = config.languages.get(language) {
+        return l.probe.clone().unwrap_or_default();
+    }
     match language {
         "python" => {
             let names = serde_json::to_string(libs).expect("strings serialise");
@@ -259,11 +312,19 @@ fn probe_code(language: &str, libs: &[String]) -> String {
                  print(json.dumps({{m: v(m) for m in {names}}}))\n"
             )
         }
-        "c" | "cpp" => "int main(void) { return 0; }\n".into(),
-        "typescript" => "const ok: number = 0;\n".into(),
         _ => String::new(),
     }
 }
+
+/// Prints matplotlib's font list cache (its file name, its content) once it is built: every
+/// python run then gets it as a setup file instead of building it again (a few hundred ms
+/// per run, as each run's /tmp is new).
+const MPL_FONT_CACHE_PROBE: &str = "import json, os\n\
+    import matplotlib as mpl, matplotlib.font_manager as fm\n\
+    name = 'fontlist-v%s.json' % fm.FontManager.__version__\n\
+    path = os.path.join(mpl.get_cachedir(), name)\n\
+    if not os.path.exists(path): fm.json_dump(fm.fontManager, path)\n\
+    print(json.dumps({'name': name, 'content': open(path).read()}))\n";
 
 /// A language resolved for the runner.
 struct Resolved {

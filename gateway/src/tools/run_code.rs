@@ -359,13 +359,13 @@ fn resolve_language(
     match name {
         "python" => {
             let mut r = builtin(Language::Python, &i.python);
-            // No display: Agg always; on the local backend toolrun's Agg backend, whose
-            // show() returns figures as artifacts (pods do not carry setup files yet).
-            r.env
-                .insert("MPLCONFIGDIR".into(), format!("{SETUP_DIR}/matplotlib"));
-            if kubernetes {
-                r.env.insert("MPLBACKEND".into(), "Agg".into());
-            } else {
+            // On the local backend toolrun's Agg backend, whose show() returns figures as
+            // artifacts. Pods carry neither setup files nor artifacts yet and keep exactly the
+            // operator's environment: there matplotlib falls back to Agg by itself (no
+            // display, no GUI toolkit in the image) and caches under HOME=/tmp.
+            if !kubernetes {
+                r.env
+                    .insert("MPLCONFIGDIR".into(), format!("{SETUP_DIR}/matplotlib"));
                 r.env
                     .insert("MPLBACKEND".into(), "module://toolrun_mpl".into());
                 r.env

@@ -838,4 +838,56 @@ mod tests {
         assert_eq!(merged.memory_mb, 512);
         assert_eq!(merged.max_processes, Limits::default().max_processes);
     }
+
+    #[test]
+    fn code_interpreter_keys_are_checked() {
+        let lang = |body: &str| format!("sandbox:\n  languages:\n{body}");
+        for (yaml, key) in [
+            (
+                lang("    python: {extension: py, command: 'x {source}'}\n"),
+                "sandbox.languages.python",
+            ),
+            (
+                lang("    Bad!: {extension: x, command: 'x {source}'}\n"),
+                "sandbox.languages.Bad!",
+            ),
+            (
+                lang("    go: {extension: .go, command: 'go run {source}'}\n"),
+                "sandbox.languages.go.extension",
+            ),
+            (
+                lang("    go: {extension: go, command: 'go run main.go'}\n"),
+                "sandbox.languages.go.command",
+            ),
+            (
+                "sandbox:\n  artifacts: {dir: /etc/out}\n".to_string(),
+                "sandbox.artifacts.dir",
+            ),
+            (
+                "sandbox:\n  artifacts: {session_dir: /workspace/../x}\n".to_string(),
+                "sandbox.artifacts.session_dir",
+            ),
+            (
+                "sandbox:\n  artifacts: {max_files: 0}\n".to_string(),
+                "sandbox.artifacts.max_files",
+            ),
+            (
+                "sandbox:\n  shm_size_mb: 70000\n".to_string(),
+                "sandbox.shm_size_mb",
+            ),
+        ] {
+            let err = Config::from_yaml(&yaml).unwrap_err().to_string();
+            assert!(err.contains(key), "{yaml}: {err}");
+        }
+        let c = Config::from_yaml(&lang(
+            "    c: {extension: c, command: 'gcc {source} && ./a.out', probe: 'int main(){}'}\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            c.sandbox.language_names(),
+            ["python", "javascript", "bash", "c"]
+        );
+        assert_eq!(c.sandbox.shm_size_mb, 64);
+        assert_eq!(c.sandbox.artifacts, ArtifactsConfig::default());
+    }
 }

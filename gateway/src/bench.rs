@@ -143,37 +143,60 @@ async fn interp_scenarios(addr: &str, args: &BenchArgs) -> Result<Vec<Report>, C
     fn chart_ok(o: &str) -> bool {
         o.contains("\"name\":\"chart.png\"") && o.contains("\"media_type\":\"image/png\"")
     }
-    out.push(
-        sample(
-            "run_code pandas 100k groupby",
+    out.extend(
+        sample_pair(
+            ["run_code pandas 100k groupby", "bare python3 pandas 100k"],
             runs,
             through(PANDAS_PROGRAM.into(), pandas_ok),
-        )
-        .await,
-    );
-    out.push(
-        sample(
-            "bare python3 pandas 100k",
-            runs,
             bare(PANDAS_PROGRAM.into(), PANDAS_OUT),
-        )
-        .await,
-    );
-    let chart = CHART_PROGRAM.replace("OUT", "/tmp/outputs");
-    out.push(
-        sample(
-            "run_code matplotlib artifact",
-            runs,
-            through(chart, chart_ok),
         )
         .await,
     );
     let dir = std::env::temp_dir().join(format!("toolrun-bench-chart-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| CliError::Usage(e.to_string()))?;
-    let chart = CHART_PROGRAM.replace("OUT", &dir.display().to_string());
-    out.push(sample("bare python3 matplotlib png", runs, bare(chart, "")).await);
+    out.extend(
+        sample_pair(
+            [
+                "run_code matplotlib artifact",
+                "bare python3 matplotlib png",
+            ],
+            runs,
+            through(CHART_PROGRAM.replace("OUT", "/tmp/outputs"), chart_ok),
+            bare(CHART_PROGRAM.replace("OUT", &dir.display().to_string()), ""),
+        )
+        .await,
+    );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(out)
+}
+
+/// Times `a` and `b` `runs` times each, alternating (after one warm-up of each), so that a
+/// shared machine's load falls on both alike.
+async fn sample_pair<A, FA, B, FB>(names: [&str; 2], runs: usize, mut a: A, mut b: B) -> [Report; 2]
+where
+    A: FnMut() -> FA,
+    FA: std::future::Future<Output = (u64, bool)>,
+    B: FnMut() -> FB,
+    FB: std::future::Future<Output = (u64, bool)>,
+{
+    a().await;
+    b().await;
+    let (mut lat, mut failures) = ([Vec::new(), Vec::new()], [0usize; 2]);
+    let start = Instant::now();
+    for _ in 0..runs {
+        let (us, ok) = a().await;
+        lat[0].push(us);
+        failures[0] += usize::from(!ok);
+        let (us, ok) = b().await;
+        lat[1].push(us);
+        failures[1] += usize::from(!ok);
+    }
+    let elapsed = start.elapsed() / 2;
+    let [la, lb] = lat;
+    [
+        report(names[0], 1, la, failures[0], elapsed),
+        report(names[1], 1, lb, failures[1], elapsed),
+    ]
 }
 
 /// One scenario's figures.

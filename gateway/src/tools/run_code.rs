@@ -338,6 +338,9 @@ struct Resolved {
 /// Where the runner writes a configured language's source and python's helper modules.
 pub const SETUP_DIR: &str = "/tmp/.toolrun";
 
+/// Debian's matplotlib data directory (under the read-only /usr, seen at the same path).
+const DEBIAN_MPL_DATA: &str = "/usr/share/matplotlib/mpl-data";
+
 /// toolrun's matplotlib backend (Agg; `show()` saves the open figures to the outputs
 /// directory as figure-N.png; `savefig()` without a file name does the same).
 pub const MPL_BACKEND: &str = include_str!("toolrun_mpl.py");
@@ -368,6 +371,14 @@ fn resolve_language(
                     .insert("MPLCONFIGDIR".into(), format!("{SETUP_DIR}/matplotlib"));
                 r.env
                     .insert("MPLBACKEND".into(), "module://toolrun_mpl".into());
+                // Debian's matplotlib looks for its matplotlibrc in /etc only, which the
+                // sandbox's synthetic /etc lacks; the same file is in its data directory.
+                if std::path::Path::new(DEBIAN_MPL_DATA)
+                    .join("matplotlibrc")
+                    .is_file()
+                {
+                    r.env.insert("MATPLOTLIBRC".into(), DEBIAN_MPL_DATA.into());
+                }
                 r.env
                     .insert("PYTHONPATH".into(), format!("{SETUP_DIR}/python"));
                 r.files.push(SetupFile {

@@ -84,10 +84,9 @@ impl Inner {
             };
         }
         c.bindmount_ro(s(&self.runner), RUNNER_IN_SANDBOX);
-        // The dynamic loader's cache, Debian's alternatives (symlinks only: /usr/bin/awk
-        // and friends point through them), and matplotlib's defaults.
-        // Debian's matplotlib reads its defaults from /etc/matplotlibrc only.
-        for f in ["/etc/ld.so.cache", "/etc/alternatives", "/etc/matplotlibrc"] {
+        // The dynamic loader's cache, and Debian's alternatives (symlinks only: /usr/bin/awk
+        // and friends point through them).
+        for f in ["/etc/ld.so.cache", "/etc/alternatives"] {
             if Path::new(f).exists() {
                 c.bindmount_ro(f, f);
             }

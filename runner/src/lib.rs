@@ -25,6 +25,12 @@
 //! the record is written. The runner is non-dumpable, so the program (same uid) can
 //! neither ptrace it nor write into its stdout through /proc.
 //!
+//! ## Setup files and artifacts
+//! Before the program starts the runner writes `setup.files` (under `/tmp/` only: a
+//! configured language's source, python's matplotlib backend) and creates the outputs
+//! directory; after every process of the run is gone it collects that directory's files
+//! into the record's `artifacts` ([`artifacts`]), bounded by the spec.
+//!
 //! ## Verdicts
 //! TIMEOUT (wall clock: `timed_out`; CPU rlimit: SIGXCPU, or SIGKILL after the CPU limit,
 //! message says CPU time), OUTPUT_LIMIT (a stream passed the cap; the program was

@@ -1,4 +1,5 @@
-# toolrun/sandbox: python3, node and bash from Debian packages, for running as uid 65534 with
+# toolrun/sandbox: python3 (with numpy, pandas, matplotlib, scipy), node, bash, gcc and esbuild
+# from Debian packages, for running as uid 65534 with
 # a read-only root (the pod mounts a writable /tmp), and the static toolrun-runner at
 # /usr/local/bin/toolrun-runner (so the operator runs it without an init container). Same
 # contents as deploy/images/build sandbox.
@@ -12,6 +13,7 @@ RUN RUSTFLAGS='-C target-feature=+crt-static' \
 FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends bash python3 nodejs ca-certificates \
+      python3-numpy python3-pandas python3-matplotlib python3-scipy gcc libc6-dev esbuild \
  && rm -rf /var/lib/apt/lists/* /var/cache/apt/* /usr/share/doc/* /usr/share/man/* /usr/share/info/* \
  && chmod 1777 /tmp
 COPY --from=runner /src/target/x86_64-unknown-linux-gnu/release/toolrun-runner /usr/local/bin/toolrun-runner

@@ -32,6 +32,7 @@ fn print_one() -> SandboxRun {
             interpreter: PYTHON.into(),
             workdir: "/tmp".into(),
             limits: runner_limits(&limits, 5_000),
+            setup: Default::default(),
         },
         limits,
         tool: "run_code".into(),

@@ -25,6 +25,9 @@ pub struct AdminState {
     pub sandbox: Option<SandboxInfo>,
     /// The gRPC address.
     pub grpc_addr: String,
+    /// Each language run_code accepts, with its interpreter's and libraries' availability,
+    /// as probed once at start through the sandbox (`{"probing": true}` until done).
+    pub languages: Arc<std::sync::Mutex<serde_json::Value>>,
 }
 
 /// The admin router.
@@ -42,6 +45,7 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         "ready": ready,
         "grpc": s.grpc_addr,
         "sandbox": s.sandbox,
+        "languages": s.languages.lock().unwrap_or_else(|e| e.into_inner()).clone(),
     });
     let status = if ready {
         StatusCode::OK

@@ -81,6 +81,131 @@ pub struct BenchArgs {
     /// Skip the MCP scenario.
     #[arg(long)]
     pub no_mcp: bool,
+    /// Skip the code-interpreter scenarios (pandas, a matplotlib chart as an artifact).
+    #[arg(long)]
+    pub no_interp: bool,
+    /// Samples of each code-interpreter scenario (and of its bare baseline).
+    #[arg(long, default_value_t = 20)]
+    pub interp_runs: usize,
+}
+
+/// The code-interpreter scenarios' pandas program: `import numpy, pandas` and a
+/// 100,000-row groupby aggregation.
+const PANDAS_PROGRAM: &str = "import numpy as np, pandas as pd\n\
+    df = pd.DataFrame({'k': np.arange(100_000) % 7, 'v': np.arange(100_000)})\n\
+    print(int(df.groupby('k')['v'].sum().sum()))\n";
+
+/// What [`PANDAS_PROGRAM`] prints.
+const PANDAS_OUT: &str = "4999950000\n";
+
+/// A line chart saved to the outputs directory (`OUT` is replaced).
+const CHART_PROGRAM: &str = "import matplotlib\nmatplotlib.use('Agg')\n\
+    import matplotlib.pyplot as plt\n\
+    plt.figure(figsize=(6, 4), dpi=100)\nplt.plot(range(100), [x * x for x in range(100)])\n\
+    plt.title('squares')\nplt.savefig('OUT/chart.png')\n";
+
+/// The code-interpreter scenarios: the pandas program through run_code and bare (python3
+/// directly, the same program, same runs), and a chart returned as a PNG artifact through
+/// run_code and saved bare.
+async fn interp_scenarios(addr: &str, args: &BenchArgs) -> Result<Vec<Report>, CliError> {
+    let client = connect(addr).await?;
+    let runs = args.interp_runs;
+    let mut out = Vec::new();
+    let through = |code: String, check: fn(&str) -> bool| {
+        let client = client.clone();
+        move || {
+            let mut client = client.clone();
+            let args = json!({"language": "python", "code": code.clone(), "timeout": 30});
+            async move {
+                let (us, ok, output) = call_ok(&mut client, "run_code", &args, "").await;
+                let ok = ok && check(&output);
+                if !ok {
+                    eprintln!("run_code: unexpected output {output:.300}");
+                }
+                (us, ok)
+            }
+        }
+    };
+    let bare = |code: String, expect: &'static str| {
+        let python = args.python.clone();
+        move || {
+            let (python, code) = (python.clone(), code.clone());
+            async move {
+                let t = Instant::now();
+                let out = std::process::Command::new(&python)
+                    .args(["-c", &code])
+                    .env_clear()
+                    .env("PATH", "/usr/bin:/bin")
+                    .env("HOME", "/tmp")
+                    .output();
+                let us = t.elapsed().as_micros() as u64;
+                (
+                    us,
+                    out.is_ok_and(|o| o.status.success() && o.stdout == expect.as_bytes()),
+                )
+            }
+        }
+    };
+    fn pandas_ok(o: &str) -> bool {
+        o.contains(&format!("\"stdout\":{}", json!(PANDAS_OUT)))
+    }
+    fn chart_ok(o: &str) -> bool {
+        o.contains("\"name\":\"chart.png\"") && o.contains("\"media_type\":\"image/png\"")
+    }
+    out.extend(
+        sample_pair(
+            ["run_code pandas 100k groupby", "bare python3 pandas 100k"],
+            runs,
+            through(PANDAS_PROGRAM.into(), pandas_ok),
+            bare(PANDAS_PROGRAM.into(), PANDAS_OUT),
+        )
+        .await,
+    );
+    let dir = std::env::temp_dir().join(format!("toolrun-bench-chart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| CliError::Usage(e.to_string()))?;
+    out.extend(
+        sample_pair(
+            [
+                "run_code matplotlib artifact",
+                "bare python3 matplotlib png",
+            ],
+            runs,
+            through(CHART_PROGRAM.replace("OUT", "/tmp/outputs"), chart_ok),
+            bare(CHART_PROGRAM.replace("OUT", &dir.display().to_string()), ""),
+        )
+        .await,
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(out)
+}
+
+/// Times `a` and `b` `runs` times each, alternating (after one warm-up of each), so that a
+/// shared machine's load falls on both alike.
+async fn sample_pair<A, FA, B, FB>(names: [&str; 2], runs: usize, mut a: A, mut b: B) -> [Report; 2]
+where
+    A: FnMut() -> FA,
+    FA: std::future::Future<Output = (u64, bool)>,
+    B: FnMut() -> FB,
+    FB: std::future::Future<Output = (u64, bool)>,
+{
+    a().await;
+    b().await;
+    let (mut lat, mut failures) = ([Vec::new(), Vec::new()], [0usize; 2]);
+    let start = Instant::now();
+    for _ in 0..runs {
+        let (us, ok) = a().await;
+        lat[0].push(us);
+        failures[0] += usize::from(!ok);
+        let (us, ok) = b().await;
+        lat[1].push(us);
+        failures[1] += usize::from(!ok);
+    }
+    let elapsed = start.elapsed() / 2;
+    let [la, lb] = lat;
+    [
+        report(names[0], 1, la, failures[0], elapsed),
+        report(names[1], 1, lb, failures[1], elapsed),
+    ]
 }
 
 /// One scenario's figures.
@@ -791,6 +916,25 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             println!(
                 "sandbox overhead over bare python at p50: {:.1} ms",
                 (sandbox_p50 as f64 - b.p50_us as f64) / 1000.0
+            );
+        }
+    }
+    if !args.no_sandbox && !args.no_interp {
+        let reports = interp_scenarios(&addr, &args).await?;
+        for r in &reports {
+            print_report(r, args.json);
+        }
+        if !args.json {
+            let p50 = |name: &str| {
+                reports
+                    .iter()
+                    .find(|r| r.scenario.starts_with(name))
+                    .map_or(0.0, |r| r.p50_us as f64)
+            };
+            println!(
+                "run_code pandas overhead over bare python3 at p50: {:.1} ms; matplotlib artifact: {:.1} ms",
+                (p50("run_code pandas") - p50("bare python3 pandas")) / 1000.0,
+                (p50("run_code matplotlib") - p50("bare python3 matplotlib")) / 1000.0
             );
         }
     }

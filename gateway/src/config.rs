@@ -352,6 +352,76 @@ pub struct SandboxConfig {
     pub require_full_isolation: bool,
     /// The kubernetes backend's settings (used when `backend: kubernetes`).
     pub kubernetes: KubernetesConfig,
+    /// Size of each run's private `/dev/shm` (tmpfs), MiB; 0: no `/dev/shm`. Its pages are
+    /// charged to the run's memory limit, so it is also capped at `limits.memory_mb`.
+    pub shm_size_mb: u64,
+    /// What run_code and shell return of the files a program writes to its outputs
+    /// directory.
+    pub artifacts: ArtifactsConfig,
+    /// Languages beyond the built-in python, javascript and bash, by name.
+    pub languages: BTreeMap<String, LanguageConfig>,
+    /// Libraries probed once at start and listed in /readyz, by language (python only:
+    /// each name is a module whose distribution version is looked up).
+    pub libraries: BTreeMap<String, Vec<String>>,
+}
+
+/// Artifact bounds (`sandbox.artifacts`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArtifactsConfig {
+    /// Collect artifacts at all.
+    pub enabled: bool,
+    /// The outputs directory of one-shot runs.
+    pub dir: String,
+    /// The outputs directory of session runs (in the workspace; files created or changed
+    /// during the run are returned).
+    pub session_dir: String,
+    /// Files returned per call.
+    pub max_files: u64,
+    /// Bytes of one file returned (more is cut and flagged `truncated`).
+    pub max_file_bytes: u64,
+    /// Bytes of all files of one call. In base64 (4/3 of it) with stdout and stderr it must
+    /// fit a gRPC message (`--max-message-bytes`, 4 MiB by default).
+    pub max_total_bytes: u64,
+}
+
+impl Default for ArtifactsConfig {
+    fn default() -> Self {
+        ArtifactsConfig {
+            enabled: true,
+            dir: "/tmp/outputs".into(),
+            session_dir: "/workspace/outputs".into(),
+            max_files: 16,
+            max_file_bytes: 2 << 20,
+            max_total_bytes: 2 << 20,
+        }
+    }
+}
+
+/// A configured language (`sandbox.languages.NAME`): the program's source is written to
+/// `/tmp/.toolrun/main.EXTENSION` and `command` runs under bash with the program's
+/// arguments as `"$@"`. A compiled language compiles and runs in the one command, so the
+/// compile time counts in the run's timeout and the compiler runs under the run's limits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LanguageConfig {
+    /// The source file's extension, without the dot (e.g. `ts`, `c`).
+    pub extension: String,
+    /// A bash command line; `{source}` stands for the source file's path, `"$@"` for the
+    /// program's arguments. E.g. `exec /usr/bin/ruby {source} "$@"`, or
+    /// `gcc -o /tmp/.toolrun/prog {source} && exec /tmp/.toolrun/prog "$@"`.
+    pub command: String,
+    /// Extra environment of the program.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The container image of this language on the kubernetes backend (the operator's
+    /// `languages` must name it too).
+    #[serde(default)]
+    pub image: Option<String>,
+    /// A small program /readyz's probe runs once at start (default: the empty program; a
+    /// compiled language needs one that compiles, e.g. `int main(void) { return 0; }`).
+    #[serde(default)]
+    pub probe: Option<String>,
 }
 
 impl Default for SandboxConfig {
@@ -369,7 +439,100 @@ impl Default for SandboxConfig {
             default_timeout_seconds: 10,
             require_full_isolation: true,
             kubernetes: KubernetesConfig::default(),
+            shm_size_mb: 64,
+            artifacts: ArtifactsConfig::default(),
+            languages: BTreeMap::new(),
+            libraries: BTreeMap::from([(
+                "python".to_string(),
+                ["numpy", "pandas", "matplotlib", "scipy"]
+                    .map(String::from)
+                    .to_vec(),
+            )]),
         }
+    }
+}
+
+/// The built-in languages (a `sandbox.languages` entry may not reuse their names).
+pub const BUILTIN_LANGUAGES: [&str; 3] = ["python", "javascript", "bash"];
+
+impl SandboxConfig {
+    /// Every language run_code accepts: the built-ins, then the configured ones by name.
+    pub fn language_names(&self) -> Vec<String> {
+        BUILTIN_LANGUAGES
+            .iter()
+            .map(|s| s.to_string())
+            .chain(self.languages.keys().cloned())
+            .collect()
+    }
+
+    fn validate_code_interpreter(&self) -> Result<(), ConfigError> {
+        let bad = |key: String, message: String| Err(ConfigError::Invalid { key, message });
+        if self.shm_size_mb > 65_536 {
+            return bad(
+                "sandbox.shm_size_mb".into(),
+                format!("{} is out of range 0..=65536", self.shm_size_mb),
+            );
+        }
+        let a = &self.artifacts;
+        for (name, dir) in [("dir", &a.dir), ("session_dir", &a.session_dir)] {
+            let ok = match name {
+                "dir" => dir.starts_with("/tmp/"),
+                _ => dir.starts_with("/workspace/"),
+            } && !dir.split('/').any(|c| c == "..");
+            if !ok {
+                return bad(
+                    format!("sandbox.artifacts.{name}"),
+                    format!(
+                        "{dir:?} must be a directory under /tmp/ (dir) or /workspace/ (session_dir)"
+                    ),
+                );
+            }
+        }
+        let checks: [(&str, u64, u64, u64); 3] = [
+            ("max_files", a.max_files, 1, 1_000),
+            ("max_file_bytes", a.max_file_bytes, 1, 64 << 20),
+            ("max_total_bytes", a.max_total_bytes, 1, 64 << 20),
+        ];
+        for (name, value, lo, hi) in checks {
+            if !(lo..=hi).contains(&value) {
+                return bad(
+                    format!("sandbox.artifacts.{name}"),
+                    format!("{value} is out of range {lo}..={hi}"),
+                );
+            }
+        }
+        for (name, lang) in &self.languages {
+            let key = format!("sandbox.languages.{name}");
+            let name_ok = !name.is_empty()
+                && name.len() <= 32
+                && name.bytes().all(|b| {
+                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
+                });
+            if !name_ok {
+                return bad(key, "a language name is 1-32 of a-z, 0-9, _ and -".into());
+            }
+            if BUILTIN_LANGUAGES.contains(&name.as_str()) {
+                return bad(
+                    key,
+                    format!("{name} is a built-in language (see sandbox.interpreters)"),
+                );
+            }
+            if lang.extension.is_empty()
+                || !lang.extension.bytes().all(|b| b.is_ascii_alphanumeric())
+            {
+                return bad(
+                    format!("{key}.extension"),
+                    "letters and digits, without the dot".into(),
+                );
+            }
+            if !lang.command.contains("{source}") {
+                return bad(
+                    format!("{key}.command"),
+                    "must contain {source} (the source file's path)".into(),
+                );
+            }
+        }
+        Ok(())
     }
 }
 
@@ -538,6 +701,7 @@ impl Config {
                 message: "must be at least 1".into(),
             });
         }
+        self.sandbox.validate_code_interpreter()?;
         let max_s = MAX_TIMEOUT_MS / 1000;
         if !(1..=max_s).contains(&self.sandbox.default_timeout_seconds) {
             return Err(ConfigError::Invalid {
@@ -703,5 +867,57 @@ mod tests {
             .merged(c.tool("run_code").unwrap().limits.as_ref());
         assert_eq!(merged.memory_mb, 512);
         assert_eq!(merged.max_processes, Limits::default().max_processes);
+    }
+
+    #[test]
+    fn code_interpreter_keys_are_checked() {
+        let lang = |body: &str| format!("sandbox:\n  languages:\n{body}");
+        for (yaml, key) in [
+            (
+                lang("    python: {extension: py, command: 'x {source}'}\n"),
+                "sandbox.languages.python",
+            ),
+            (
+                lang("    Bad!: {extension: x, command: 'x {source}'}\n"),
+                "sandbox.languages.Bad!",
+            ),
+            (
+                lang("    go: {extension: .go, command: 'go run {source}'}\n"),
+                "sandbox.languages.go.extension",
+            ),
+            (
+                lang("    go: {extension: go, command: 'go run main.go'}\n"),
+                "sandbox.languages.go.command",
+            ),
+            (
+                "sandbox:\n  artifacts: {dir: /etc/out}\n".to_string(),
+                "sandbox.artifacts.dir",
+            ),
+            (
+                "sandbox:\n  artifacts: {session_dir: /workspace/../x}\n".to_string(),
+                "sandbox.artifacts.session_dir",
+            ),
+            (
+                "sandbox:\n  artifacts: {max_files: 0}\n".to_string(),
+                "sandbox.artifacts.max_files",
+            ),
+            (
+                "sandbox:\n  shm_size_mb: 70000\n".to_string(),
+                "sandbox.shm_size_mb",
+            ),
+        ] {
+            let err = Config::from_yaml(&yaml).unwrap_err().to_string();
+            assert!(err.contains(key), "{yaml}: {err}");
+        }
+        let c = Config::from_yaml(&lang(
+            "    c: {extension: c, command: 'gcc {source} && ./a.out', probe: 'int main(){}'}\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            c.sandbox.language_names(),
+            ["python", "javascript", "bash", "c"]
+        );
+        assert_eq!(c.sandbox.shm_size_mb, 64);
+        assert_eq!(c.sandbox.artifacts, ArtifactsConfig::default());
     }
 }

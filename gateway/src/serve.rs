@@ -222,8 +222,10 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let metrics = Arc::new(Metrics::new());
     let mut start_allowance = Duration::ZERO;
     let serve_sessions = config.sandbox.backend == BackendKind::Local;
+    let languages = Arc::new(std::sync::Mutex::new(serde_json::json!({"probing": true})));
     let (registry, sandbox_info) = if args.no_sandbox {
         tracing::warn!("--no-sandbox: run_code, code_executor and shell are not served");
+        *languages.lock().unwrap_or_else(|e| e.into_inner()) = serde_json::Value::Null;
         let registry = inline_with_files(&config, serve_sessions)?;
         let mut known = SANDBOXED_TOOLS.to_vec();
         known.extend(SESSION_TOOLS);
@@ -239,6 +241,16 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
             config.sandbox.clone(),
             metrics.clone(),
         ));
+        // /readyz's languages: one short run per language through the sandbox, once.
+        if config.sandbox.backend == BackendKind::Local {
+            let (pool, languages) = (pool.clone(), languages.clone());
+            tokio::spawn(async move {
+                let found = pool.probe_languages().await;
+                *languages.lock().unwrap_or_else(|e| e.into_inner()) = found;
+            });
+        } else {
+            *languages.lock().unwrap_or_else(|e| e.into_inner()) = serde_json::json!({"probed": false, "why": "not probed on the kubernetes backend (each run is a pod)"});
+        }
         (builtin_registry(&config, pool, serve_sessions)?, Some(info))
     };
     // Sessions are served by the local backend (the kubernetes backend gains them with the
@@ -337,6 +349,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         sessions: sessions.clone(),
         sandbox: sandbox_info,
         grpc_addr: grpc_addr.to_string(),
+        languages,
     });
 
     let (health, health_service) = tonic_health::server::health_reporter();

@@ -102,6 +102,7 @@ fn sandbox_run(language: Language, code: &str, timeout_ms: u64, call_id: &str) -
             interpreter: "/usr/bin/python3".into(),
             workdir: "/tmp".into(),
             limits: toolrun::sandbox::runner_limits(&limits, timeout_ms),
+            setup: Default::default(),
         },
         limits,
         tool: "run_code".into(),

@@ -196,6 +196,8 @@ pub fn run_spec(run: &ToolRun, config: &OperatorConfig) -> Result<RunSpec, Build
             max_open_files: 0,
             address_space_bytes: 0,
         },
+        // Setup files and artifacts are not carried by the ToolRun CRD yet.
+        setup: Default::default(),
     })
 }
 

@@ -73,6 +73,7 @@ pub(crate) mod tests {
             timed_out: false,
             duration_ms: 7,
             message: String::new(),
+            artifacts: None,
         }
     }
 

@@ -156,6 +156,7 @@ mod tests {
             timed_out: false,
             duration_ms: 42,
             message: String::new(),
+            artifacts: None,
         }
     }
 

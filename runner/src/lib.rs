@@ -34,6 +34,12 @@
 //! in one-shot mode, `auto` in agent mode) refuses to run (`INFRA_ERROR` naming the cause)
 //! while that address, by default the API server, is reachable: see [`agent::reach`].
 //!
+//! ## Setup files and artifacts
+//! Before the program starts the runner writes `setup.files` (under `/tmp/` only: a
+//! configured language's source, python's matplotlib backend) and creates the outputs
+//! directory; after every process of the run is gone it collects that directory's files
+//! into the record's `artifacts` ([`artifacts`]), bounded by the spec.
+//!
 //! ## Verdicts
 //! TIMEOUT (wall clock: `timed_out`; CPU rlimit: SIGXCPU, or SIGKILL after the CPU limit,
 //! message says CPU time), OUTPUT_LIMIT (a stream passed the cap; the program was
@@ -45,6 +51,7 @@
 //! corrects RUNTIME_ERROR to MEMORY_LIMIT (the local sandbox reads its memory cgroup).
 
 pub mod agent;
+pub mod artifacts;
 pub mod capture;
 pub mod oom;
 pub mod run;
@@ -129,6 +136,41 @@ pub struct RunSpec {
     pub workdir: String,
     /// Limits the runner enforces.
     pub limits: RunnerLimits,
+    /// Files written before the program starts and artifacts collected after it ends.
+    #[serde(default, skip_serializing_if = "RunSetup::is_empty")]
+    pub setup: RunSetup,
+}
+
+/// The code-interpreter parts of a run: files the runner writes before starting the program
+/// (the source of a configured language, helper modules), and the outputs directory whose
+/// files come back as artifacts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSetup {
+    /// Written (created with their parent directories, mode 0644) before the program starts;
+    /// each path must be absolute and under `/tmp/`.
+    #[serde(default)]
+    pub files: Vec<SetupFile>,
+    /// Where the program's output files are collected from after it ends.
+    #[serde(default)]
+    pub artifacts: Option<artifacts::ArtifactSpec>,
+}
+
+impl RunSetup {
+    /// Nothing to write or collect.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty() && self.artifacts.is_none()
+    }
+}
+
+/// One file written before the program starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetupFile {
+    /// Absolute path under `/tmp/`.
+    pub path: String,
+    /// UTF-8 content.
+    pub content: String,
 }
 
 fn default_workdir() -> String {
@@ -197,6 +239,9 @@ pub struct RunRecord {
     /// Human-readable reason for a non-OK verdict (empty when OK).
     #[serde(default)]
     pub message: String,
+    /// The files found in the outputs directory after the run (when the spec asked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifacts: Option<artifacts::Artifacts>,
 }
 
 /// One line of the runner's output stream.

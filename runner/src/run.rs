@@ -64,6 +64,7 @@ pub fn infra_error(message: String) -> RunRecord {
         timed_out: false,
         duration_ms: 0,
         message,
+        artifacts: None,
     }
 }
 
@@ -165,10 +166,20 @@ pub fn argv(spec: &RunSpec) -> Vec<String> {
 
 /// Runs `spec`, writing chunk events to `out`, and returns the record (not yet written).
 pub fn run(spec: &RunSpec, out: &mut impl Write) -> RunRecord {
-    match Run::start(spec) {
+    // Setup files and the outputs directory, before any limit is set (see artifacts).
+    let before = match crate::artifacts::before_run(&spec.setup) {
+        Ok(b) => b,
+        Err(message) => return infra_error(message),
+    };
+    let mut record = match Run::start(spec) {
         Ok(run) => run.finish(spec, out),
         Err(message) => infra_error(message),
+    };
+    // Every process of the run is gone: nothing races the walk.
+    if let Some(a) = &spec.setup.artifacts {
+        record.artifacts = Some(crate::artifacts::collect(a, &before));
     }
+    record
 }
 
 struct Run {
@@ -388,6 +399,7 @@ impl Run {
             timed_out,
             duration_ms: duration.as_millis() as u64,
             message,
+            artifacts: None,
         }
     }
 }

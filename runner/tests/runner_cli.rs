@@ -33,6 +33,7 @@ fn spec(language: Language, code: &str, timeout_ms: u64) -> RunSpec {
             max_open_files: 0,
             address_space_bytes: 0,
         },
+        setup: Default::default(),
     }
 }
 

@@ -70,9 +70,11 @@ pub fn builtin_registry(
             .merged(config.tool(id).and_then(|c| c.limits.as_ref()))
     };
     let run_code = run_code::RunCode::new(pool.clone(), limits("run_code"), max("run_code"));
-    r.register(typed(run_code), &[], config)?;
+    let run_code = run_code::with_language_enum(typed(run_code), &config.sandbox);
+    r.register(run_code, &[], config)?;
     let seed = run_code::RunCode::new(pool.clone(), limits("code_executor"), max("code_executor"));
-    r.register(typed(run_code::CodeExecutor(seed)), &[], config)?;
+    let seed = run_code::with_language_enum(typed(run_code::CodeExecutor(seed)), &config.sandbox);
+    r.register(seed, &[], config)?;
     if sessions {
         let shell_max = std::time::Duration::from_millis(
             config

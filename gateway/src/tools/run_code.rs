@@ -1,4 +1,12 @@
 //! `run_code` (and the seed's `code_executor` shape): untrusted code in a sandbox.
+//!
+//! The code-interpreter parts: a run's language is a built-in (python, javascript, bash) or
+//! one of `sandbox.languages` (its source written to `/tmp/.toolrun/main.EXT` by the runner,
+//! its command run by bash: a compiled language compiles and runs within the one timeout and
+//! limits); python gets matplotlib's Agg backend with `show()` saving figures as artifacts
+//! ([`MPL_BACKEND`]); and the files a program writes to its outputs directory come back as
+//! `artifacts`, collected by the runner inside the sandbox and only checked, decoded and
+//! bounded here ([`artifacts_out`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,7 +16,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
-use toolrun_runner::{Language, RunRecord, RunSpec, Verdict};
+use toolrun_runner::artifacts::ArtifactSpec;
+use toolrun_runner::{Language, RunRecord, RunSetup, RunSpec, SetupFile, Verdict};
 
 use crate::approval::{ApprovalAsk, ApprovalKind};
 use crate::config::{Limits, SandboxConfig};
@@ -29,6 +38,8 @@ pub struct SandboxPool {
     slots: Semaphore,
     config: SandboxConfig,
     metrics: Arc<Metrics>,
+    /// matplotlib's font list cache, built once by [`SandboxPool::probe_languages`].
+    mpl_font_cache: std::sync::OnceLock<SetupFile>,
 }
 
 impl SandboxPool {
@@ -42,6 +53,7 @@ impl SandboxPool {
             slots: Semaphore::new(slots),
             config,
             metrics,
+            mpl_font_cache: std::sync::OnceLock::new(),
         }
     }
 
@@ -95,11 +107,14 @@ impl SandboxPool {
                 "no time left to start the run",
             ));
         }
-        let interpreter = match code.language {
-            Language::Python => &self.config.interpreters.python,
-            Language::Javascript => &self.config.interpreters.javascript,
-            Language::Bash => &self.config.interpreters.bash,
-        };
+        let kubernetes = self.sandbox.info().backend == "kubernetes";
+        let mut resolved = resolve_language(&self.config, &code.language, code.code, kubernetes)?;
+        if resolved.language == Language::Python
+            && !kubernetes
+            && let Some(cache) = self.mpl_font_cache.get()
+        {
+            resolved.files.push(cache.clone());
+        }
         let mut env = BTreeMap::from([
             (
                 "PATH".to_string(),
@@ -109,25 +124,46 @@ impl SandboxPool {
             ("LANG".to_string(), "C.UTF-8".to_string()),
             ("PYTHONDONTWRITEBYTECODE".to_string(), "1".to_string()),
         ]);
-        env.extend(code.env);
         // In a session the program works in its workspace, mounted at /workspace.
         let workspace = ctx.session.as_ref().map(|s| s.workspace_dir.clone());
+        // Artifacts: collected by the runner (the kubernetes backend does not carry them yet).
+        let a = &self.config.artifacts;
+        let artifacts = (a.enabled && !kubernetes).then(|| ArtifactSpec {
+            dir: if workspace.is_some() {
+                a.session_dir.clone()
+            } else {
+                a.dir.clone()
+            },
+            max_files: a.max_files,
+            max_file_bytes: a.max_file_bytes,
+            max_total_bytes: a.max_total_bytes,
+            changed_only: workspace.is_some(),
+        });
+        if let Some(a) = &artifacts {
+            env.insert("TOOLRUN_OUTPUTS".into(), a.dir.clone());
+        }
+        env.extend(resolved.env);
+        env.extend(code.env);
         let workdir = match (&code.workdir, &workspace) {
             (Some(w), _) => w.clone(),
             (None, Some(_)) => crate::session::WORKSPACE_IN_SANDBOX.to_string(),
             (None, None) => "/tmp".to_string(),
         };
         let spec = RunSpec {
-            language: code.language,
-            code: code.code,
+            language: resolved.language,
+            code: resolved.code,
             args: code.args,
             env,
             stdin: code.stdin,
-            interpreter: interpreter.to_string_lossy().into_owned(),
+            interpreter: resolved.interpreter,
             workdir,
             // The one computation of the runner's limits (with the runner's own headroom
             // in the process limit), shared with the tests and benches.
             limits: crate::sandbox::runner_limits(limits, timeout.as_millis() as u64),
+            setup: RunSetup {
+                files: resolved.files,
+                artifacts,
+            },
         };
         self.metrics.sandbox_inflight.inc();
         let result = self
@@ -164,12 +200,339 @@ impl SandboxPool {
                 verdict: record.verdict.as_str().into(),
             })
             .inc();
-        record_to_result(record, timeout)
+        let spec = spec_bounds(&self.config.artifacts);
+        record_to_result(record, timeout, &spec)
+    }
+
+    /// Probes each language's interpreter and libraries once, through the sandbox itself
+    /// (what a program would see), for /readyz. Bounded: one short run per language.
+    pub async fn probe_languages(&self) -> serde_json::Value {
+        let mut out = serde_json::Map::new();
+        for name in self.config.language_names() {
+            let libs = self
+                .config
+                .libraries
+                .get(&name)
+                .cloned()
+                .unwrap_or_default();
+            let code = probe_code(&self.config, &name, &libs);
+            let ctx = CallContext::with_timeout("readyz-probe", Duration::from_secs(20));
+            let run = CodeRun {
+                language: LanguageArg(name.clone().into()),
+                code,
+                args: Vec::new(),
+                env: BTreeMap::new(),
+                stdin: String::new(),
+                timeout: Duration::from_secs(15),
+                tool: "run_code",
+                workdir: None,
+            };
+            let limits = self.config.limits.clone();
+            let entry = match self.run(run, &limits, &ctx).await {
+                Ok(o) => {
+                    let mut e = serde_json::json!({"available": true});
+                    if !libs.is_empty() {
+                        let found: serde_json::Value = serde_json::from_str(o.stdout.trim())
+                            .unwrap_or_else(|_| serde_json::json!(o.stdout.trim()));
+                        e["libraries"] = found;
+                    }
+                    if name == "python" && e["libraries"]["matplotlib"].is_string() {
+                        e["matplotlib_font_cache"] = self.warm_matplotlib().await.into();
+                    }
+                    e
+                }
+                Err(e) => serde_json::json!({"available": false, "error": e.message}),
+            };
+            let mut entry = entry;
+            entry["kind"] = if crate::config::BUILTIN_LANGUAGES.contains(&name.as_str()) {
+                "builtin".into()
+            } else {
+                "configured".into()
+            };
+            out.insert(name, entry);
+        }
+        serde_json::Value::Object(out)
     }
 }
 
+impl SandboxPool {
+    /// Builds matplotlib's font cache once in the sandbox and keeps it for every python
+    /// run; returns whether it did.
+    async fn warm_matplotlib(&self) -> bool {
+        let ctx = CallContext::with_timeout("mpl-font-cache", Duration::from_secs(40));
+        let run = CodeRun {
+            language: LanguageArg::Python,
+            code: MPL_FONT_CACHE_PROBE.into(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            stdin: String::new(),
+            timeout: Duration::from_secs(30),
+            tool: "run_code",
+            workdir: None,
+        };
+        let Ok(out) = self.run(run, &self.config.limits.clone(), &ctx).await else {
+            return false;
+        };
+        #[derive(Deserialize)]
+        struct Cache {
+            name: String,
+            content: String,
+        }
+        let Ok(c) = serde_json::from_str::<Cache>(out.stdout.trim()) else {
+            return false;
+        };
+        let plain = !c.name.is_empty() && !c.name.contains('/') && !c.name.starts_with('.');
+        plain
+            && self
+                .mpl_font_cache
+                .set(SetupFile {
+                    path: format!("{SETUP_DIR}/matplotlib/{}", c.name),
+                    content: c.content,
+                })
+                .is_ok()
+    }
+}
+
+/// The program /readyz's probe runs in a language: python prints each library's version
+/// (null when missing) as JSON; a configured language runs its `probe` program (default:
+/// an empty one); javascript and bash an empty one.
+fn probe_code(config: &SandboxConfig, language: &str, libs: &[String]) -> String {
+    if let Some(l) = config.languages.get(language) {
+        return l.probe.clone().unwrap_or_default();
+    }
+    match language {
+        "python" => {
+            let names = serde_json::to_string(libs).expect("strings serialise");
+            format!(
+                "import importlib.util, importlib.metadata, json\n\
+                 def v(m):\n    \
+                 if importlib.util.find_spec(m) is None: return None\n    \
+                 try: return importlib.metadata.version(m)\n    \
+                 except Exception: return 'present'\n\
+                 print(json.dumps({{m: v(m) for m in {names}}}))\n"
+            )
+        }
+        _ => String::new(),
+    }
+}
+
+/// Prints matplotlib's font list cache (its file name, its content) once it is built: every
+/// python run then gets it as a setup file instead of building it again (a few hundred ms
+/// per run, as each run's /tmp is new).
+const MPL_FONT_CACHE_PROBE: &str = "import json, os\n\
+    import matplotlib as mpl, matplotlib.font_manager as fm\n\
+    name = 'fontlist-v%s.json' % fm.FontManager.__version__\n\
+    path = os.path.join(mpl.get_cachedir(), name)\n\
+    if not os.path.exists(path): fm.json_dump(fm.fontManager, path)\n\
+    print(json.dumps({'name': name, 'content': open(path).read()}))\n";
+
+/// A language resolved for the runner.
+struct Resolved {
+    language: Language,
+    interpreter: String,
+    code: String,
+    env: BTreeMap<String, String>,
+    files: Vec<SetupFile>,
+}
+
+/// Where the runner writes a configured language's source and python's helper modules.
+pub const SETUP_DIR: &str = "/tmp/.toolrun";
+
+/// Debian's matplotlib data directory (under the read-only /usr, seen at the same path).
+const DEBIAN_MPL_DATA: &str = "/usr/share/matplotlib/mpl-data";
+
+/// toolrun's matplotlib backend (Agg; `show()` saves the open figures to the outputs
+/// directory as figure-N.png; `savefig()` without a file name does the same).
+pub const MPL_BACKEND: &str = include_str!("toolrun_mpl.py");
+
+fn resolve_language(
+    config: &SandboxConfig,
+    name: &str,
+    code: String,
+    kubernetes: bool,
+) -> Result<Resolved, ToolError> {
+    let builtin = |language: Language, path: &std::path::Path| Resolved {
+        language,
+        interpreter: path.to_string_lossy().into_owned(),
+        code: code.clone(),
+        env: BTreeMap::new(),
+        files: Vec::new(),
+    };
+    let i = &config.interpreters;
+    match name {
+        "python" => {
+            let mut r = builtin(Language::Python, &i.python);
+            // On the local backend toolrun's Agg backend, whose show() returns figures as
+            // artifacts. Pods carry neither setup files nor artifacts yet and keep exactly the
+            // operator's environment: there matplotlib falls back to Agg by itself (no
+            // display, no GUI toolkit in the image) and caches under HOME=/tmp.
+            if !kubernetes {
+                r.env
+                    .insert("MPLCONFIGDIR".into(), format!("{SETUP_DIR}/matplotlib"));
+                r.env
+                    .insert("MPLBACKEND".into(), "module://toolrun_mpl".into());
+                // Debian's matplotlib looks for its matplotlibrc in /etc only, which the
+                // sandbox's synthetic /etc lacks; the same file is in its data directory.
+                if std::path::Path::new(DEBIAN_MPL_DATA)
+                    .join("matplotlibrc")
+                    .is_file()
+                {
+                    r.env.insert("MATPLOTLIBRC".into(), DEBIAN_MPL_DATA.into());
+                }
+                r.env
+                    .insert("PYTHONPATH".into(), format!("{SETUP_DIR}/python"));
+                r.files.push(SetupFile {
+                    path: format!("{SETUP_DIR}/python/toolrun_mpl.py"),
+                    content: MPL_BACKEND.into(),
+                });
+            }
+            return Ok(r);
+        }
+        "javascript" => return Ok(builtin(Language::Javascript, &i.javascript)),
+        "bash" => return Ok(builtin(Language::Bash, &i.bash)),
+        _ => {}
+    }
+    let Some(lang) = config.languages.get(name) else {
+        return Err(ToolError::invalid_arguments(format!(
+            "unknown language {name:?}; configured languages: {}",
+            config.language_names().join(", ")
+        ))
+        .with_details(serde_json::json!({
+            "path": "/language",
+            "languages": config.language_names(),
+        })));
+    };
+    if kubernetes {
+        return Err(ToolError::invalid_arguments(format!(
+            "language {name:?} is configured for the local backend only (the kubernetes \
+             backend runs python, javascript and bash)"
+        )));
+    }
+    let source = format!("{SETUP_DIR}/main.{}", lang.extension);
+    Ok(Resolved {
+        language: Language::Bash,
+        interpreter: i.bash.to_string_lossy().into_owned(),
+        code: lang.command.replace("{source}", &source),
+        env: lang.env.clone(),
+        files: vec![SetupFile {
+            path: source,
+            content: code,
+        }],
+    })
+}
+
+/// The bounds the gateway checks a record's artifacts against.
+fn spec_bounds(a: &crate::config::ArtifactsConfig) -> ArtifactSpec {
+    ArtifactSpec {
+        dir: a.dir.clone(),
+        max_files: a.max_files,
+        max_file_bytes: a.max_file_bytes,
+        max_total_bytes: a.max_total_bytes,
+        changed_only: false,
+    }
+}
+
+/// One file a program wrote to its outputs directory, as run_code and shell return it.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct ArtifactOut {
+    /// Path relative to the outputs directory (`/tmp/outputs`, or `/workspace/outputs` in
+    /// a session).
+    pub name: String,
+    /// The file's whole size in bytes.
+    pub size: u64,
+    /// image/png, image/jpeg, image/svg+xml, text/plain, text/csv, application/json,
+    /// application/octet-stream, ...
+    pub media_type: String,
+    /// The content, standard base64 (at most the per-file cap).
+    pub content_base64: String,
+    /// `content_base64` holds less than the whole file.
+    pub truncated: bool,
+}
+
+/// An outputs entry that was not returned.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct OmittedOut {
+    /// Path relative to the outputs directory.
+    pub name: String,
+    /// Why (a symlink, a FIFO or device, past a limit, ...).
+    pub reason: String,
+}
+
+/// Checks, decodes and bounds the runner's artifacts: a record that breaks a bound (a
+/// runner that was tampered with, or a bug) loses the offending files, never more than the
+/// bounds reach the caller. The media type is computed again from the name and bytes.
+fn artifacts_out(
+    a: Option<toolrun_runner::artifacts::Artifacts>,
+    bounds: &ArtifactSpec,
+) -> (Vec<ArtifactOut>, Vec<OmittedOut>, bool) {
+    use base64::Engine as _;
+    let Some(a) = a else {
+        return (Vec::new(), Vec::new(), false);
+    };
+    let mut truncated = a.truncated;
+    let mut omitted: Vec<OmittedOut> = a
+        .omitted
+        .into_iter()
+        .take(100)
+        .map(|o| OmittedOut {
+            name: o.name,
+            reason: o.reason,
+        })
+        .collect();
+    if !a.error.is_empty() {
+        omitted.push(OmittedOut {
+            name: ".".into(),
+            reason: a.error,
+        });
+    }
+    let mut total = 0u64;
+    let mut files = Vec::new();
+    for f in a.files {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(f.content_base64.as_bytes())
+            .ok();
+        let name_ok = !f.name.is_empty()
+            && !f.name.starts_with('/')
+            && !f.name.split('/').any(|c| c == ".." || c.is_empty());
+        let reason = match &bytes {
+            _ if !name_ok => Some("a bad name in the runner's record"),
+            None => Some("content that is not base64 in the runner's record"),
+            Some(b) if b.len() as u64 > bounds.max_file_bytes => Some("over the per-file limit"),
+            Some(b) if total + b.len() as u64 > bounds.max_total_bytes => {
+                Some("over the per-call limit")
+            }
+            _ if files.len() as u64 >= bounds.max_files => Some("over the file count limit"),
+            _ => None,
+        };
+        if let Some(reason) = reason {
+            truncated = true;
+            omitted.push(OmittedOut {
+                name: f.name,
+                reason: reason.into(),
+            });
+            continue;
+        }
+        let bytes = bytes.unwrap_or_default();
+        total += bytes.len() as u64;
+        let head = &bytes[..bytes.len().min(512)];
+        files.push(ArtifactOut {
+            media_type: toolrun_runner::artifacts::media_type(&f.name, head).into(),
+            truncated: f.truncated || (bytes.len() as u64) < f.size,
+            name: f.name,
+            size: f.size,
+            content_base64: f.content_base64,
+        });
+    }
+    (files, omitted, truncated)
+}
+
 /// Maps a runner record to run_code's output or typed failure (with the output attached).
-pub fn record_to_result(r: RunRecord, timeout: Duration) -> Result<RunCodeOutput, ToolError> {
+pub fn record_to_result(
+    r: RunRecord,
+    timeout: Duration,
+    bounds: &ArtifactSpec,
+) -> Result<RunCodeOutput, ToolError> {
+    let (artifacts, artifacts_omitted, artifacts_truncated) = artifacts_out(r.artifacts, bounds);
     let out = RunCodeOutput {
         stdout: r.stdout,
         stderr: r.stderr,
@@ -178,6 +541,9 @@ pub fn record_to_result(r: RunRecord, timeout: Duration) -> Result<RunCodeOutput
         timed_out: r.timed_out,
         stdout_truncated: r.stdout_truncated,
         stderr_truncated: r.stderr_truncated,
+        artifacts,
+        artifacts_omitted,
+        artifacts_truncated,
     };
     let detail = |default: String| {
         if r.message.is_empty() {
@@ -222,8 +588,8 @@ pub fn record_to_result(r: RunRecord, timeout: Duration) -> Result<RunCodeOutput
 /// A program to run, after argument parsing.
 #[derive(Debug, Clone)]
 pub struct CodeRun {
-    /// Language.
-    pub language: Language,
+    /// Language: a built-in or a configured one.
+    pub language: LanguageArg,
     /// Source.
     pub code: String,
     /// Program arguments.
@@ -241,26 +607,37 @@ pub struct CodeRun {
     pub workdir: Option<String>,
 }
 
-/// Languages run_code accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum LanguageArg {
+/// A language run_code accepts: python, javascript, bash, or a name from
+/// `sandbox.languages` (the tool's schema lists the configured ones as an enum).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, JsonSchema)]
+#[serde(transparent)]
+pub struct LanguageArg(pub std::borrow::Cow<'static, str>);
+
+#[allow(non_upper_case_globals)]
+impl LanguageArg {
     /// Python 3.
-    #[default]
-    Python,
+    pub const Python: LanguageArg = LanguageArg(std::borrow::Cow::Borrowed("python"));
     /// JavaScript (Node.js).
-    Javascript,
+    pub const Javascript: LanguageArg = LanguageArg(std::borrow::Cow::Borrowed("javascript"));
     /// Bash.
-    Bash,
+    pub const Bash: LanguageArg = LanguageArg(std::borrow::Cow::Borrowed("bash"));
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
-impl From<LanguageArg> for Language {
-    fn from(l: LanguageArg) -> Language {
-        match l {
-            LanguageArg::Python => Language::Python,
-            LanguageArg::Javascript => Language::Javascript,
-            LanguageArg::Bash => Language::Bash,
-        }
+impl Default for LanguageArg {
+    fn default() -> Self {
+        LanguageArg::Python
+    }
+}
+
+impl std::ops::Deref for LanguageArg {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
     }
 }
 
@@ -308,6 +685,16 @@ pub struct RunCodeOutput {
     pub stdout_truncated: bool,
     /// stderr was cut at the output limit.
     pub stderr_truncated: bool,
+    /// Files the program wrote to its outputs directory (`/tmp/outputs`; in a session, the
+    /// files of `/workspace/outputs` created or changed by this call), content in base64.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts: Vec<ArtifactOut>,
+    /// Outputs entries not returned (symlinks, FIFOs, devices, past a limit), with why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub artifacts_omitted: Vec<OmittedOut>,
+    /// Files were left out or cut by the artifact limits.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub artifacts_truncated: bool,
 }
 
 /// The `run_code` tool.
@@ -403,7 +790,7 @@ impl TypedTool for RunCode {
         _args: &serde_json::Value,
         ctx: &CallContext,
     ) -> Result<Option<ApprovalAsk>, ToolError> {
-        let what = format!("run {} code", Language::from(input.language).as_str());
+        let what = format!("run {} code", input.language.as_str());
         Ok(execute_ask(ctx, &what, &input.code))
     }
 
@@ -413,7 +800,7 @@ impl TypedTool for RunCode {
         ctx: &CallContext,
     ) -> Result<RunCodeOutput, ToolError> {
         let run = CodeRun {
-            language: input.language.into(),
+            language: input.language,
             code: input.code,
             args: input.args,
             env: input.env,
@@ -467,7 +854,7 @@ impl TypedTool for CodeExecutor {
         _args: &serde_json::Value,
         ctx: &CallContext,
     ) -> Result<Option<ApprovalAsk>, ToolError> {
-        let what = format!("run {} code", Language::from(input.language).as_str());
+        let what = format!("run {} code", input.language.as_str());
         Ok(execute_ask(ctx, &what, &input.code))
     }
 
@@ -477,7 +864,7 @@ impl TypedTool for CodeExecutor {
         ctx: &CallContext,
     ) -> Result<RunCodeOutput, ToolError> {
         let run = CodeRun {
-            language: input.language.into(),
+            language: input.language,
             code: input.code,
             args: Vec::new(),
             env: BTreeMap::new(),
@@ -487,5 +874,64 @@ impl TypedTool for CodeExecutor {
             workdir: None,
         };
         self.0.pool.run(run, &self.0.limits, ctx).await
+    }
+}
+
+/// `tool` (run_code or code_executor, wrapped by [`crate::tool::typed`]) with its schema's
+/// `language` an enum of the configured languages: a model sees exactly what it may ask
+/// for, and an unknown name is refused by the schema check (INVALID_ARGUMENTS naming them).
+pub fn with_language_enum(
+    tool: Arc<dyn crate::tool::Tool>,
+    config: &SandboxConfig,
+) -> Arc<dyn crate::tool::Tool> {
+    let mut input_schema = tool.input_schema().clone();
+    let names = config.language_names();
+    if let Some(lang) = input_schema.pointer_mut("/properties/language") {
+        lang["enum"] = serde_json::json!(names);
+        // The schema check's message for `enum` names only the first two values; the
+        // pattern's message names them all, so a refused call lists every language.
+        lang["pattern"] = format!("^(?:{})$", names.join("|")).into();
+        lang["description"] = format!("Language of `code`: one of {}.", names.join(", ")).into();
+    }
+    Arc::new(LanguageEnum { tool, input_schema })
+}
+
+struct LanguageEnum {
+    tool: Arc<dyn crate::tool::Tool>,
+    input_schema: serde_json::Value,
+}
+
+#[async_trait::async_trait]
+impl crate::tool::Tool for LanguageEnum {
+    fn metadata(&self) -> &ToolMetadata {
+        self.tool.metadata()
+    }
+
+    fn input_schema(&self) -> &serde_json::Value {
+        &self.input_schema
+    }
+
+    fn output_schema(&self) -> &serde_json::Value {
+        self.tool.output_schema()
+    }
+
+    async fn call(
+        &self,
+        args: serde_json::Value,
+        ctx: &CallContext,
+    ) -> Result<serde_json::Value, ToolError> {
+        self.tool.call(args, ctx).await
+    }
+
+    fn default_timeout_ms(&self) -> u64 {
+        self.tool.default_timeout_ms()
+    }
+
+    async fn approval(
+        &self,
+        args: &serde_json::Value,
+        ctx: &CallContext,
+    ) -> Result<Option<ApprovalAsk>, ToolError> {
+        self.tool.approval(args, ctx).await
     }
 }

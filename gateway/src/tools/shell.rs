@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::Deserialize;
-use toolrun_runner::Language;
 
-use super::run_code::{CodeRun, RunCodeOutput, SandboxPool, execute_ask};
+use super::run_code::{CodeRun, LanguageArg, RunCodeOutput, SandboxPool, execute_ask};
 use crate::approval::ApprovalAsk;
 use crate::config::{Limits, MAX_SHELL_TIMEOUT_MS};
 use crate::error::{ErrorCode, ToolError};
@@ -129,7 +128,7 @@ impl TypedTool for Shell {
             }
         };
         let run = CodeRun {
-            language: Language::Bash,
+            language: LanguageArg::Bash,
             code: input.command,
             args: Vec::new(),
             env: BTreeMap::new(),

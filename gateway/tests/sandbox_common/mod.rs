@@ -57,6 +57,7 @@ pub fn spec(language: Language, code: &str, timeout_ms: u64) -> SandboxRun {
             interpreter: interpreter.to_string(),
             workdir: "/tmp".to_string(),
             limits: toolrun::sandbox::runner_limits(&limits, timeout_ms),
+            setup: Default::default(),
         },
         limits,
         tool: "run_code".into(),

@@ -487,6 +487,7 @@ fn runner_record(exit_code: i32) -> RunRecord {
         timed_out: false,
         duration_ms: 5,
         message: String::new(),
+        artifacts: None,
     }
 }
 

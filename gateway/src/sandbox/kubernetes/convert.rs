@@ -193,6 +193,7 @@ pub fn record_from_status(status: &ToolRunStatus) -> Option<RunRecord> {
         timed_out: verdict == Verdict::Timeout,
         duration_ms: status.duration_ms.unwrap_or(0),
         message: status.reason.clone().unwrap_or_default(),
+        artifacts: None,
     })
 }
 
@@ -226,6 +227,7 @@ pub fn synthetic_record(
         timed_out: verdict == Verdict::Timeout,
         duration_ms,
         message,
+        artifacts: None,
     }
 }
 
@@ -260,6 +262,7 @@ mod tests {
                     max_open_files: 0,
                     address_space_bytes: 0,
                 },
+                setup: Default::default(),
             },
             limits,
             tool: "code_executor".into(),

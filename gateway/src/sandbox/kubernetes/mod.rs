@@ -220,6 +220,7 @@ fn probe_run() -> SandboxRun {
             interpreter: "/usr/bin/python3".into(),
             workdir: "/tmp".into(),
             limits: crate::sandbox::runner_limits(&limits, 1_000),
+            setup: Default::default(),
         },
         limits,
         tool: "run_code".into(),

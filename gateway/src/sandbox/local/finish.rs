@@ -163,6 +163,7 @@ pub(super) fn verdict(
         timed_out,
         duration_ms: elapsed_ms,
         message,
+        artifacts: None,
     };
     let oom_message = || {
         format!(

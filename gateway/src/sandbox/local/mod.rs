@@ -108,6 +108,8 @@ struct Inner {
     root_base: PathBuf,
     /// The shape a prepared sandbox is made for (the configured limits, no workspace).
     default_shape: RunShape,
+    /// `sandbox.shm_size_mb`: each run's /dev/shm (capped at its memory limit).
+    shm_size_mb: u64,
     /// The next run's sandbox, started ahead ([`Inner::prepare_next`]).
     prepared: Mutex<Option<oneshot::Receiver<Prepared>>>,
 }
@@ -195,7 +197,8 @@ impl LocalSandbox {
                 mechanisms: Vec::new(),
             },
             root_base: root_base(drop_to_nobody)?,
-            default_shape: RunShape::for_run(&config.limits, None)?,
+            default_shape: RunShape::for_run(&config.limits, config.shm_size_mb, None)?,
+            shm_size_mb: config.shm_size_mb,
             prepared: Mutex::new(None),
         };
 
@@ -215,7 +218,7 @@ impl LocalSandbox {
             "mount-namespace",
             ns_ok,
             ns_detail(
-                "read-only root with only readonly_paths, the runner, a synthetic /etc, /proc, minimal /dev, size-capped /tmp",
+                "read-only root with only readonly_paths, the runner, a synthetic /etc, /proc, minimal /dev, size-capped /tmp and /dev/shm",
             ),
             true,
         );
@@ -438,7 +441,7 @@ impl Sandbox for LocalSandbox {
             workspace,
             ..
         } = run;
-        let shape = RunShape::for_run(&limits, workspace)?;
+        let shape = RunShape::for_run(&limits, self.inner.shm_size_mb, workspace)?;
         let started = tokio::time::Instant::now();
         let cap = usize::try_from(spec.limits.output_limit_bytes).unwrap_or(usize::MAX);
         let backstop = started + Duration::from_millis(spec.limits.timeout_ms) + BACKSTOP_SLACK;
@@ -447,10 +450,34 @@ impl Sandbox for LocalSandbox {
         let guard = RunGuard::new(spawned.cg.take(), Some(spawned.pid as i32));
         let (stdout, io) = Attached::start(&spec, spawned.stdin, spawned.stdout, spawned.stderr)?;
 
-        let pumped = pump(stdout, stream, &cancel, backstop, cap).await;
+        let pumped = pump(
+            stdout,
+            stream,
+            &cancel,
+            backstop,
+            cap,
+            artifact_bytes(&spec),
+        )
+        .await;
         let killed = !matches!(pumped.ending, Ending::Eof);
         let reaped = reap(guard, spawned.status, io, killed).await?;
         let elapsed_ms = started.elapsed().as_millis() as u64;
         verdict(pumped, reaped, &shape, spec.limits.timeout_ms, elapsed_ms)
     }
+}
+
+/// The most a record's artifacts may add to its line: the content in base64, and each
+/// file's or omitted entry's name and reason (a name of up to 4 KiB, JSON-escaped).
+fn artifact_bytes(spec: &toolrun_runner::RunSpec) -> usize {
+    let Some(a) = &spec.setup.artifacts else {
+        return 0;
+    };
+    let entries = a.max_files.saturating_add(101);
+    let total = a
+        .max_total_bytes
+        .saturating_add(2)
+        .saturating_div(3)
+        .saturating_mul(4)
+        .saturating_add(entries.saturating_mul(32 * 1024));
+    usize::try_from(total).unwrap_or(usize::MAX)
 }

@@ -81,16 +81,21 @@ impl Attached {
 }
 
 /// Reads the runner's events until it closes stdout, the caller cancels, the backstop
-/// passes, or the protocol breaks. `cap` is the output limit per stream.
+/// passes, or the protocol breaks. `cap` is the output limit per stream; `artifacts` the
+/// most the record's artifacts may add to its line.
 pub(super) async fn pump(
     stdout: pipe::Receiver,
     mut stream: Option<mpsc::Sender<StreamChunk>>,
     cancel: &CancellationToken,
     backstop: Instant,
     cap: usize,
+    artifacts: usize,
 ) -> Pumped {
     // The record line holds both streams; JSON escapes a control byte as six bytes.
-    let max_line = cap.saturating_mul(12).saturating_add(64 * 1024);
+    let max_line = cap
+        .saturating_mul(12)
+        .saturating_add(64 * 1024)
+        .saturating_add(artifacts);
     let mut reader = BufReader::with_capacity(64 * 1024, stdout);
     let mut line = Vec::new();
     let mut record: Option<RunRecord> = None;

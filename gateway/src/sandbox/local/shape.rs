@@ -25,6 +25,10 @@ pub(super) struct RunShape {
     pub max_pids: u64,
     /// Size of the private tmpfs `/tmp` (its inodes follow the size).
     pub tmp_size_mb: u64,
+    /// Size of the private tmpfs `/dev/shm` (POSIX shared memory, multiprocessing's
+    /// semaphores); 0: none. At most the memory limit: its pages are charged to the run's
+    /// memory group like any other page the program writes.
+    pub shm_size_mb: u64,
     /// A host directory bind-mounted read-write (nosuid, nodev) at
     /// [`WORKSPACE_IN_SANDBOX`]; `None`: no `/workspace`.
     pub workspace: Option<PathBuf>,
@@ -34,7 +38,11 @@ impl RunShape {
     /// The shape of a run with these limits and this workspace. The workspace must be an
     /// absolute, UTF-8 path to an existing directory (not a symlink) that the sandbox's
     /// uid can reach: the setup process resolves it after dropping to that uid.
-    pub fn for_run(limits: &Limits, workspace: Option<PathBuf>) -> Result<RunShape, SandboxError> {
+    pub fn for_run(
+        limits: &Limits,
+        shm_size_mb: u64,
+        workspace: Option<PathBuf>,
+    ) -> Result<RunShape, SandboxError> {
         if let Some(dir) = &workspace {
             check_workspace(dir)?;
         }
@@ -42,6 +50,7 @@ impl RunShape {
             memory_mb: limits.memory_mb,
             max_pids: limits.max_processes + RUNNER_TASKS,
             tmp_size_mb: limits.tmp_size_mb,
+            shm_size_mb: shm_size_mb.min(limits.memory_mb),
             workspace,
         })
     }
@@ -53,6 +62,7 @@ impl RunShape {
             memory_mb: 64,
             max_pids: 16,
             tmp_size_mb: 1,
+            shm_size_mb: 1,
             workspace: None,
         }
     }
@@ -64,7 +74,9 @@ impl RunShape {
 
     /// A sandbox started for `self` has the mounts `other` needs.
     pub fn same_mounts(&self, other: &RunShape) -> bool {
-        self.tmp_size_mb == other.tmp_size_mb && self.workspace == other.workspace
+        self.tmp_size_mb == other.tmp_size_mb
+            && self.shm_size_mb == other.shm_size_mb
+            && self.workspace == other.workspace
     }
 }
 

@@ -107,6 +107,23 @@ impl Inner {
             let p = format!("/dev/{d}");
             c.bindmount_rw(&p, &p);
         }
+        if shape.shm_size_mb > 0 {
+            // POSIX shared memory (multiprocessing's semaphores and queues, joblib, numpy
+            // over shared_memory): private to the run, gone with its mount namespace, and
+            // its pages count in the run's memory limit (tmpfs pages are charged to the
+            // cgroup of the process that writes them).
+            c.mount(
+                "tmpfs",
+                "/dev/shm",
+                "tmpfs",
+                MountOptions::NOSUID | MountOptions::NODEV | MountOptions::NOEXEC,
+                Some(format!(
+                    "size={}m,nr_inodes={},mode=1777",
+                    shape.shm_size_mb,
+                    shape.shm_size_mb.max(1) * TMP_INODES_PER_MB
+                )),
+            );
+        }
         c.symlink("/proc/self/fd", "/dev/fd")
             .symlink("/proc/self/fd/0", "/dev/stdin")
             .symlink("/proc/self/fd/1", "/dev/stdout")

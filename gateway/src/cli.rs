@@ -871,7 +871,8 @@ fn native_json(t: &pb::ToolDefinition) -> Value {
 /// until exit: dropping it flushes.
 pub fn init_logging(format: LogFormat) -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("TOOLRUN_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // rmcp logs every stateless MCP request's start and end at info: two lines per call.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
         .lossy(false)
         .finish(std::io::stderr());

@@ -113,6 +113,8 @@ struct Inner {
     tools: Vec<Tool>,
     /// Definitions by id and alias.
     by_name: HashMap<String, Tool>,
+    /// What `initialize` and `server/discover` answer (rmcp asks for it on every request).
+    info: ServerConfig,
 }
 
 impl McpHandler {
@@ -139,6 +141,7 @@ impl McpHandler {
                 in_flight,
                 tools,
                 by_name,
+                info: server_info(),
             }),
         }
     }
@@ -221,23 +224,27 @@ fn progress(
     p
 }
 
-impl ServerHandler for McpHandler {
-    fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("toolrun", env!("CARGO_PKG_VERSION"))
-                    .with_title("toolrun")
-                    .with_description(
-                        "Validates and runs AI agents' tool calls; untrusted code in a sandbox",
-                    ),
-            )
-            .with_instructions(
-                "Tools run through toolrun: arguments are validated against each tool's input \
+fn server_info() -> ServerConfig {
+    ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        .with_server_info(
+            Implementation::new("toolrun", env!("CARGO_PKG_VERSION"))
+                .with_title("toolrun")
+                .with_description(
+                    "Validates and runs AI agents' tool calls; untrusted code in a sandbox",
+                ),
+        )
+        .with_instructions(
+            "Tools run through toolrun: arguments are validated against each tool's input \
                  schema; a failure is an isError result whose structuredContent.error.code is a \
                  typed code. Session tools (read_file, write_file, shell, ...) need a toolrun \
                  session: pass its id in _meta[\"toolrun.dev/session_id\"], the \
                  toolrun-session-id header, or ?session_id= on the URL.",
-            )
+        )
+}
+
+impl ServerHandler for McpHandler {
+    fn get_info(&self) -> ServerConfig {
+        self.inner.info.clone()
     }
 
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {

@@ -1,25 +1,13 @@
 //! Model Context Protocol `tools/list` entries (used by `ListTools` with
-//! `TOOL_FORMAT_MCP` and `toolrun tools --format mcp`).
+//! `TOOL_FORMAT_MCP` and `toolrun tools --format mcp`): exactly what the MCP endpoint lists
+//! ([`crate::mcp::tools::tool`]), so the two cannot drift apart.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::registry::Entry;
-use crate::tool::{Determinism, SideEffect};
 
 /// The `tools/list` entry for `entry`.
 pub fn definition(entry: &Entry) -> Value {
-    let m = entry.tool.metadata();
-    json!({
-        "name": m.id,
-        "title": m.name,
-        "description": m.description,
-        "inputSchema": entry.tool.input_schema(),
-        "outputSchema": entry.tool.output_schema(),
-        "annotations": {
-            "title": m.name,
-            "readOnlyHint": m.side_effect == SideEffect::Pure,
-            "idempotentHint": m.determinism == Determinism::Deterministic,
-            "openWorldHint": false,
-        }
-    })
+    serde_json::to_value(crate::mcp::tools::tool(entry))
+        .expect("an MCP tool definition always serialises")
 }

@@ -39,8 +39,9 @@ pub enum Op {
     /// Runs a program (queued behind the run in progress, if any). Streams `stdout`/`stderr`
     /// events, then one `result` event with the [`RunRecord`].
     Run {
-        /// The same spec the one-shot runner reads.
-        spec: RunSpec,
+        /// The same spec the one-shot runner reads (boxed: it is far larger than the other
+        /// ops).
+        spec: Box<RunSpec>,
     },
     /// Stops a queued or running run: its result is `CANCELLED`.
     Kill {

@@ -319,7 +319,7 @@ impl Agent {
         }
         self.served.fetch_add(1, Ordering::Relaxed);
         let work = match &op {
-            Op::Run { spec } => Work::Queued(Box::new(spec.clone())),
+            Op::Run { spec } => Work::Queued(spec.clone()),
             _ => Work::File,
         };
         st.table.insert(

@@ -45,6 +45,7 @@ pub fn spec(language: Language, code: &str, workdir: &Path) -> RunSpec {
         }
         .into(),
         workdir: workdir.display().to_string(),
+        setup: Default::default(),
         limits: RunnerLimits {
             timeout_ms: 10_000,
             output_limit_bytes: 1 << 20,
@@ -62,7 +63,12 @@ pub fn req(id: &str, op: Op) -> Request {
 }
 
 pub fn run_req(id: &str, spec: &RunSpec) -> Request {
-    req(id, Op::Run { spec: spec.clone() })
+    req(
+        id,
+        Op::Run {
+            spec: Box::new(spec.clone()),
+        },
+    )
 }
 
 /// The agent process.

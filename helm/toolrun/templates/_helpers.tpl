@@ -43,6 +43,8 @@ runner in with an init container).
 {{- $c := dict "image" (include "toolrun.languageImage" .) "interpreter" .lang.interpreter -}}
 {{- if .lang.runnerPath -}}
 {{- $_ := set $c "runnerPath" .lang.runnerPath -}}
+{{- else if and (not .lang.image) .ctx.Values.images.sandbox.runnerPath -}}
+{{- $_ := set $c "runnerPath" .ctx.Values.images.sandbox.runnerPath -}}
 {{- end -}}
 {{- toJson $c -}}
 {{- end }}

@@ -649,7 +649,20 @@ async fn values_reach_the_operator_config_and_the_pods() {
         "/opt/toolrun-runner"
     );
     assert_eq!(cfg["images"]["bash"]["image"], "toolrun/sandbox:9.9.9");
-    assert!(cfg["images"]["bash"]["runnerPath"].is_null());
+    // A language on images.sandbox runs the runner the image carries (no init container).
+    assert_eq!(
+        cfg["images"]["bash"]["runnerPath"],
+        "/usr/local/bin/toolrun-runner"
+    );
+    // ... unless images.sandbox.runnerPath is cleared: then the init container copies it in.
+    let objs_init = render(&helm, &[("images.sandbox.runnerPath", json!(""))])
+        .await
+        .expect("helm template");
+    let cfg_init = operator_config(&objs_init);
+    assert!(
+        cfg_init["images"]["bash"]["runnerPath"].is_null(),
+        "{cfg_init}"
+    );
     assert_eq!(cfg["runnerImage"], "toolrun/runner:0.1.0");
     assert_eq!(cfg["runtimeClassName"], "gvisor");
     assert_eq!(cfg["allowedRuntimeClassNames"], json!(["kata"]));

@@ -566,13 +566,22 @@ async fn sandbox_pod_is_locked_down() {
         .find(|v| v["emptyDir"]["medium"] == "Memory")
         .expect("a memory-backed volume");
     assert!(tmp["emptyDir"]["sizeLimit"].is_string(), "{tmp}");
-    let containers: Vec<&Value> = spec["containers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .chain(spec["initContainers"].as_array().unwrap())
-        .collect();
-    assert_eq!(containers.len(), 2);
+    // The chart's default: the runner baked into the sandbox image, no init container; it
+    // verifies the pod's isolation before the program starts.
+    assert!(spec["initContainers"].is_null(), "{spec}");
+    let containers: Vec<&Value> = spec["containers"].as_array().unwrap().iter().collect();
+    assert_eq!(containers.len(), 1);
+    assert_eq!(
+        containers[0]["command"],
+        json!([
+            "/usr/local/bin/toolrun-runner",
+            "--require-unreachable",
+            "auto",
+            "--spec",
+            "/toolrun/spec/spec.json"
+        ]),
+        "{spec}"
+    );
     for c in containers {
         let sc = &c["securityContext"];
         assert_eq!(sc["readOnlyRootFilesystem"], true, "{}", c["name"]);

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
@@ -88,7 +89,10 @@ impl Agent {
         if !args.contains(&"--require-unreachable") {
             cmd.args(["--require-unreachable", "off"]);
         }
+        // Its own process group, so that Drop also kills an agent started under unshare
+        // (PID 1 of a namespace ignores signals from inside it, not from its parent's).
         let mut child = cmd
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -181,6 +185,10 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -110,7 +110,7 @@ impl Agent {
     }
 
     pub fn send(&mut self, r: &Request) {
-        self.send_raw(&encode(r));
+        self.send_raw(encode(r));
     }
 
     pub fn send_raw(&mut self, line: impl AsRef<[u8]>) {

@@ -37,7 +37,7 @@ fn hello_and_status() {
 fn runs_match_the_one_shot_runner() {
     let ws = temp_dir("runs");
     let mut a = Agent::spawn(&["--workspace", ws.to_str().unwrap()]);
-    let mut cases = vec![
+    let mut cases = [
         spec(
             Language::Python,
             "import sys\nprint('hi')\nprint('e', file=sys.stderr)",
@@ -236,7 +236,7 @@ fn bad_input_gets_typed_errors_and_the_agent_keeps_serving() {
         ("\u{0}\u{1}\u{ff}".into(), None, "BAD_REQUEST"),
     ];
     for (line, id, code) in &cases {
-        a.send_raw(&format!("{line}\n"));
+        a.send_raw(format!("{line}\n"));
         let r = a.next();
         assert_eq!(r.id.as_deref(), *id, "{line:.60}");
         assert_eq!(r.seq, 0, "{line:.60}");

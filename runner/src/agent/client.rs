@@ -3,7 +3,7 @@
 //! operator's async client wraps these around a kube attach stream; the tests use them over
 //! pipes. [`read_line_bounded`] is also the agent's own line reader.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::BufRead;
 
 use super::proto::{Body, Request, Response};
@@ -75,29 +75,32 @@ pub fn read_line_bounded(r: &mut impl BufRead, max: usize) -> std::io::Result<Li
     }
 }
 
-/// What [`Tracker::accept`] decided about one response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Accept {
-    /// The next event of its request: use it.
-    New,
-    /// Already seen (a replay overlapping the live stream): drop it.
-    Duplicate,
-    /// New, but events `from..=to` before it were never received: use it, and `resume`
-    /// with `after_seq = from - 1` if the chunks matter (a run's final record holds all its
-    /// output anyway).
-    Gap {
-        /// First missing seq.
-        from: u64,
-        /// Last missing seq.
-        to: u64,
-    },
-}
-
-/// Per-request highest `seq` received: drops duplicates and reports gaps, so a client can
-/// reconnect and `resume` without repeating or losing an event.
+/// Per-request sequence tracking for a client that reconnects: drops duplicates (a replay
+/// overlapping the live stream), holds events that arrive after a gap until a `resume`
+/// fills it, and releases each request's events in `seq` order.
+///
+/// After a reconnection, or whenever [`Tracker::waiting`] says events are held, the client
+/// sends `resume {target, after_seq: tracker.last_seq(target)}`. A `lost` event covers the
+/// seqs it names; a final event releases everything held (a finished request keeps only its
+/// final event, which holds all of a run's output).
 #[derive(Debug, Default)]
 pub struct Tracker {
-    seen: HashMap<String, u64>,
+    reqs: HashMap<String, Seqs>,
+}
+
+#[derive(Debug, Default)]
+struct Seqs {
+    /// Every seq up to this one was released.
+    contiguous: u64,
+    /// Events after a gap, by the first seq they cover.
+    held: BTreeMap<u64, Response>,
+}
+
+fn first_seq(r: &Response) -> u64 {
+    match r.body {
+        Body::Lost { first_seq, .. } => first_seq,
+        _ => r.seq,
+    }
 }
 
 impl Tracker {
@@ -106,38 +109,65 @@ impl Tracker {
         Self::default()
     }
 
-    /// The highest seq received for `id` (0: none): the `after_seq` of a `resume`.
+    /// The highest seq of `id` released with nothing missing before it: the `after_seq` of
+    /// a `resume` (0: none).
     pub fn last_seq(&self, id: &str) -> u64 {
-        self.seen.get(id).copied().unwrap_or(0)
+        self.reqs.get(id).map_or(0, |s| s.contiguous)
     }
 
-    /// Classifies `r` and records it. A `lost` event counts as received up to its
-    /// `last_seq`; a final event's request is kept until [`Tracker::forget`].
-    pub fn accept(&mut self, r: &Response) -> Accept {
-        let Some(id) = &r.id else {
-            return Accept::New;
+    /// Events of `id` are held behind a gap: `resume` to fill it.
+    pub fn waiting(&self, id: &str) -> bool {
+        self.reqs.get(id).is_some_and(|s| !s.held.is_empty())
+    }
+
+    /// Takes one received response; returns the responses now ready, in order (none for a
+    /// duplicate or an event held behind a gap). Responses without an id or with seq 0
+    /// (errors about a line) are returned at once.
+    pub fn push(&mut self, r: Response) -> Vec<Response> {
+        let Some(id) = r.id.clone() else {
+            return vec![r];
         };
-        let last = self.last_seq(id);
-        if r.seq <= last {
-            return Accept::Duplicate;
+        if r.seq == 0 {
+            return vec![r];
         }
-        self.seen.insert(id.clone(), r.seq);
-        let from = last + 1;
-        let to = match r.body {
-            Body::Lost { first_seq, .. } => first_seq.saturating_sub(1),
-            // A final event after a gap: a finished request keeps only its final event.
-            _ => r.seq - 1,
-        };
-        if to >= from && !r.body.is_final() {
-            Accept::Gap { from, to }
-        } else {
-            Accept::New
+        let s = self.reqs.entry(id).or_default();
+        if r.seq <= s.contiguous || s.held.contains_key(&first_seq(&r)) {
+            return Vec::new();
         }
+        let mut ready = Vec::new();
+        if r.body.is_final() {
+            // Nothing before a final event can be replayed any more.
+            for (_, h) in std::mem::take(&mut s.held) {
+                if h.seq < r.seq {
+                    ready.push(h);
+                }
+            }
+            s.contiguous = r.seq;
+            ready.push(r);
+            return ready;
+        }
+        if first_seq(&r) > s.contiguous + 1 {
+            s.held.insert(first_seq(&r), r);
+            return ready;
+        }
+        s.contiguous = s.contiguous.max(r.seq);
+        ready.push(r);
+        while let Some(entry) = s.held.first_entry() {
+            if *entry.key() > s.contiguous + 1 {
+                break;
+            }
+            let h = entry.remove();
+            if h.seq > s.contiguous {
+                s.contiguous = h.seq;
+                ready.push(h);
+            }
+        }
+        ready
     }
 
     /// Stops tracking `id` (after its final event was handled and acknowledged).
     pub fn forget(&mut self, id: &str) {
-        self.seen.remove(id);
+        self.reqs.remove(id);
     }
 }
 
@@ -180,25 +210,57 @@ mod tests {
         );
     }
 
+    fn seqs(v: Vec<Response>) -> Vec<u64> {
+        v.iter().map(|r| r.seq).collect()
+    }
+
     #[test]
-    fn tracker_drops_duplicates_and_reports_gaps() {
+    fn tracker_orders_drops_duplicates_and_holds_after_gaps() {
         let mut t = Tracker::new();
-        assert_eq!(t.accept(&ev(1)), Accept::New);
-        assert_eq!(t.accept(&ev(2)), Accept::New);
-        assert_eq!(t.accept(&ev(2)), Accept::Duplicate);
-        assert_eq!(t.accept(&ev(1)), Accept::Duplicate);
-        assert_eq!(t.accept(&ev(5)), Accept::Gap { from: 3, to: 4 });
-        assert_eq!(t.last_seq("r"), 5);
+        assert_eq!(seqs(t.push(ev(1))), [1]);
+        assert_eq!(seqs(t.push(ev(2))), [2]);
+        assert!(t.push(ev(2)).is_empty());
+        assert!(t.push(ev(1)).is_empty());
+        // Live events after a gap are held until the replay fills it.
+        assert!(t.push(ev(5)).is_empty());
+        assert!(t.push(ev(6)).is_empty());
+        assert!(t.waiting("r"));
+        assert_eq!(t.last_seq("r"), 2);
+        assert_eq!(seqs(t.push(ev(3))), [3]);
+        assert_eq!(seqs(t.push(ev(4))), [4, 5, 6]);
+        assert!(t.push(ev(5)).is_empty());
+        assert!(!t.waiting("r"));
+        // A lost event covers its range.
+        assert!(t.push(ev(10)).is_empty());
         let lost = Response {
             id: Some("r".into()),
-            seq: 8,
+            seq: 9,
             body: Body::Lost {
-                first_seq: 6,
-                last_seq: 8,
+                first_seq: 7,
+                last_seq: 9,
             },
         };
-        assert_eq!(t.accept(&lost), Accept::New);
-        assert_eq!(t.accept(&ev(9)), Accept::New);
+        assert_eq!(seqs(t.push(lost)), [9, 10]);
+        // A final event releases what is held, in order.
+        assert!(t.push(ev(12)).is_empty());
+        let fin = Response {
+            id: Some("r".into()),
+            seq: 14,
+            body: Body::Ok {
+                output: serde_json::Value::Null,
+            },
+        };
+        assert_eq!(seqs(t.push(fin)), [12, 14]);
+        assert_eq!(t.last_seq("r"), 14);
+        let line_error = Response {
+            id: Some("r".into()),
+            seq: 0,
+            body: Body::Lost {
+                first_seq: 0,
+                last_seq: 0,
+            },
+        };
+        assert_eq!(t.push(line_error).len(), 1);
         t.forget("r");
         assert_eq!(t.last_seq("r"), 0);
     }

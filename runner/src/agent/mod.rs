@@ -53,8 +53,9 @@
 //! `lost`). A client that reconnects sends `hello`, then `resume {target, after_seq}` for each
 //! request it was waiting on, with the highest seq it has: it gets the events after it (a
 //! finished request: its final event, if after_seq is below it), then `ok`, then the live
-//! events. Replayed and live events may overlap: the client drops any seq it already has
-//! ([`client::Tracker`] does). stdout is written by one thread from a queue: with no reader
+//! events. Replayed and live events may overlap or arrive out of order (live events that
+//! overtook a replay): the client drops any seq it already has and holds events after a gap
+//! until the replay fills it ([`client::Tracker`] does both and releases events in order). stdout is written by one thread from a queue: with no reader
 //! (EPIPE) the lines are dropped and counted (`lines_dropped`), and a reader that is too
 //! slow (queue above 64 MiB) loses chunk events, never final ones; neither stops the agent
 //! or a run. On end of stdin the agent keeps running (runs go on, results stay) and reads

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
@@ -94,7 +95,10 @@ impl Agent {
         if !args.contains(&"--require-unreachable") {
             cmd.args(["--require-unreachable", "off"]);
         }
+        // Its own process group, so that Drop also kills an agent started under unshare
+        // (PID 1 of a namespace ignores signals from inside it, not from its parent's).
         let mut child = cmd
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -112,7 +116,7 @@ impl Agent {
     }
 
     pub fn send(&mut self, r: &Request) {
-        self.send_raw(&encode(r));
+        self.send_raw(encode(r));
     }
 
     pub fn send_raw(&mut self, line: impl AsRef<[u8]>) {
@@ -187,6 +191,10 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -1,0 +1,207 @@
+//! Fail closed: with a reachable target (a local TCP listener standing for the API server)
+//! every run is refused with INFRA_ERROR naming the cause; the control, an address nothing
+//! listens on, runs. The same check in the one-shot mode.
+
+mod agent_support;
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use agent_support::*;
+use toolrun_runner::{Event, Language, RunRecord, Verdict};
+
+/// An address with nothing listening (bound, then closed: connects are refused).
+fn closed_port() -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    drop(l);
+    addr
+}
+
+#[test]
+fn a_reachable_target_refuses_every_run() {
+    let ws = temp_dir("reach");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let mut a = Agent::spawn(&[
+        "--require-unreachable",
+        &addr,
+        "--unreachable-wait-ms",
+        "500",
+    ]);
+    let t = Instant::now();
+    for i in 0..2 {
+        let (_, rec) = a.run(&format!("r{i}"), &spec(Language::Bash, "touch ran", &ws));
+        assert_eq!(rec.verdict, Verdict::InfraError, "{rec:?}");
+        assert!(
+            rec.message.contains(&format!("the API server {addr}"))
+                && rec.message.contains("is reachable from the sandbox")
+                && rec.message.contains("network isolation is not in force"),
+            "{}",
+            rec.message
+        );
+    }
+    assert!(
+        t.elapsed() >= Duration::from_millis(400),
+        "no bounded wait: {:?}",
+        t.elapsed()
+    );
+    assert!(!ws.join("ran").exists(), "a program ran");
+    let s = a.status("s");
+    assert_eq!(s["isolation"]["state"], "reachable");
+    assert_eq!(s["isolation"]["target"], addr.as_str());
+
+    // Control: nothing listens there.
+    let closed = closed_port();
+    let mut a = Agent::spawn(&[
+        "--require-unreachable",
+        &closed,
+        "--unreachable-wait-ms",
+        "500",
+    ]);
+    let (_, rec) = a.run("ok", &spec(Language::Bash, "touch ran", &ws));
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    assert!(ws.join("ran").exists());
+    let s = a.status("s");
+    assert_eq!(s["isolation"]["state"], "isolated");
+    assert!(
+        s["isolation"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("refused"),
+        "{s}"
+    );
+    drop(listener);
+}
+
+/// The isolation comes into force during the wait (the listener closes after 300 ms): the
+/// run waits for it, then runs.
+#[test]
+fn a_target_that_becomes_unreachable_within_the_wait_lets_runs_start() {
+    let ws = temp_dir("reach-late");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let t = Instant::now();
+    let mut a = Agent::spawn(&[
+        "--require-unreachable",
+        &addr,
+        "--unreachable-wait-ms",
+        "5000",
+    ]);
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        drop(listener);
+    });
+    let (_, rec) = a.run("r", &spec(Language::Bash, "echo ran", &ws));
+    assert_eq!(
+        (rec.verdict, rec.stdout.as_str()),
+        (Verdict::Ok, "ran\n"),
+        "{rec:?}"
+    );
+    assert!(t.elapsed() >= Duration::from_millis(300));
+    assert_eq!(a.status("s")["isolation"]["state"], "isolated");
+}
+
+/// `auto` (the agent's default) takes the API server from KUBERNETES_SERVICE_HOST/PORT.
+#[test]
+fn auto_reads_the_kubernetes_service_environment() {
+    let ws = temp_dir("reach-auto");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let mut cmd = Command::new(RUNNER);
+    cmd.arg("agent")
+        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        .env("KUBERNETES_SERVICE_PORT", &port);
+    let mut a = Agent::spawn_cmd(
+        cmd,
+        &[
+            "--require-unreachable",
+            "auto",
+            "--unreachable-wait-ms",
+            "300",
+        ],
+    );
+    let (_, rec) = a.run("r", &spec(Language::Bash, "true", &ws));
+    assert_eq!(rec.verdict, Verdict::InfraError);
+    assert!(
+        rec.message.contains(&format!("127.0.0.1:{port}")),
+        "{}",
+        rec.message
+    );
+}
+
+fn one_shot_with(args: &[&str], env: &[(&str, &str)], ws: &std::path::Path) -> RunRecord {
+    let mut child = Command::new(RUNNER)
+        .args(["--spec", "-"])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let s = spec(Language::Bash, "echo ran", ws);
+    let _ = child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&serde_json::to_vec(&s).unwrap());
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    match Event::parse(text.lines().last().unwrap()).unwrap() {
+        Event::Result(r) => r,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_one_shot_runner_checks_behind_the_same_flag_and_env() {
+    let ws = temp_dir("reach-oneshot");
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let port = listener.local_addr().unwrap().port().to_string();
+    let rec = one_shot_with(
+        &[
+            "--require-unreachable",
+            &addr,
+            "--unreachable-wait-ms",
+            "300",
+        ],
+        &[],
+        &ws,
+    );
+    assert_eq!(rec.verdict, Verdict::InfraError);
+    assert!(
+        rec.message.contains(&addr) && rec.message.contains("not in force"),
+        "{}",
+        rec.message
+    );
+    let rec = one_shot_with(
+        &[],
+        &[
+            ("TOOLRUN_REQUIRE_UNREACHABLE", "auto"),
+            ("TOOLRUN_UNREACHABLE_WAIT_MS", "300"),
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", &port),
+        ],
+        &ws,
+    );
+    assert_eq!(rec.verdict, Verdict::InfraError, "{rec:?}");
+    // Controls: off by default in one-shot mode even with the service environment set, and a
+    // closed port passes.
+    let rec = one_shot_with(
+        &[],
+        &[
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", &port),
+        ],
+        &ws,
+    );
+    assert_eq!((rec.verdict, rec.stdout.as_str()), (Verdict::Ok, "ran\n"));
+    let closed = closed_port();
+    let rec = one_shot_with(&["--require-unreachable", &closed], &[], &ws);
+    assert_eq!((rec.verdict, rec.stdout.as_str()), (Verdict::Ok, "ran\n"));
+    drop(listener);
+}

@@ -97,13 +97,12 @@ pub struct LanguageImage {
     /// Absolute path of the interpreter in that image.
     pub interpreter: String,
     /// Absolute path of a `toolrun-runner` the image already carries (ours does, at
-    /// [`SANDBOX_IMAGE_RUNNER`]). Unset (the default), an init container copies the
-    /// runner in from the runner image. Set, the pod runs it from there with no init
-    /// container: one container start less, and the kubelet need not see an init
-    /// container exit first (its generic PLEG relists once a second), about a second less
-    /// per run on a busy node. The program then starts sooner after the pod gets its IP:
-    /// use it only where the CNI enforces NetworkPolicy before a pod's containers start
-    /// (see the README's security model).
+    /// [`SANDBOX_IMAGE_RUNNER`], the default for the default images). Unset, an init
+    /// container copies the runner in from the runner image. Set, the pod runs it from
+    /// there with no init container: one container start less, and the kubelet need not see
+    /// an init container exit first (its generic PLEG relists once a second), about a second
+    /// less per run on a busy node. Either way the runner checks that the API server is
+    /// unreachable before the program starts (the pod's deny-all policy is in force).
     pub runner_path: Option<String>,
 }
 
@@ -118,7 +117,7 @@ impl Default for OperatorConfig {
         let sandbox = |interpreter: &str| LanguageImage {
             image: format!("toolrun/sandbox:{version}"),
             interpreter: interpreter.to_string(),
-            runner_path: None,
+            runner_path: Some(SANDBOX_IMAGE_RUNNER.to_string()),
         };
         OperatorConfig {
             namespace: "toolrun-sandbox".into(),
@@ -133,7 +132,7 @@ impl Default for OperatorConfig {
             default_limits: ResolvedLimits {
                 timeout_seconds: 30,
                 memory_mib: 256,
-                cpu_millis: 500,
+                cpu_millis: 250,
                 processes: 64,
                 output_bytes: 65_536,
             },

@@ -44,15 +44,24 @@ fn run() -> ToolRun {
     run
 }
 
-/// The default: an init container copies the runner into the pod.
+/// Language images without a runner of their own: the init container copies it in.
 fn config() -> OperatorConfig {
-    OperatorConfig {
+    let mut c = OperatorConfig {
         namespace: NS.into(),
         ..OperatorConfig::default()
+    };
+    for image in [
+        &mut c.images.python,
+        &mut c.images.javascript,
+        &mut c.images.bash,
+    ] {
+        image.runner_path = None;
     }
+    c
 }
 
-/// Language images that carry the runner (as toolrun/sandbox does): no init container.
+/// Language images that carry the runner (as toolrun/sandbox does, the default): no init
+/// container.
 fn runner_config() -> OperatorConfig {
     let mut c = config();
     for image in [

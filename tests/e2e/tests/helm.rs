@@ -536,11 +536,11 @@ namespace: toolrun-sandbox
 runnerImage: toolrun/runner:0.1.0
 imagePullPolicy: IfNotPresent
 images:
-  python:     {image: toolrun/sandbox:0.1.0, interpreter: /usr/bin/python3}
-  javascript: {image: toolrun/sandbox:0.1.0, interpreter: /usr/bin/node}
-  bash:       {image: toolrun/sandbox:0.1.0, interpreter: /bin/bash}
+  python:     {image: toolrun/sandbox:0.1.0, interpreter: /usr/bin/python3, runnerPath: /usr/local/bin/toolrun-runner}
+  javascript: {image: toolrun/sandbox:0.1.0, interpreter: /usr/bin/node, runnerPath: /usr/local/bin/toolrun-runner}
+  bash:       {image: toolrun/sandbox:0.1.0, interpreter: /bin/bash, runnerPath: /usr/local/bin/toolrun-runner}
 defaultTtlSecondsAfterFinished: 3600
-defaultLimits: {timeoutSeconds: 30, memoryMiB: 256, cpuMillis: 500, processes: 64, outputBytes: 65536}
+defaultLimits: {timeoutSeconds: 30, memoryMiB: 256, cpuMillis: 250, processes: 64, outputBytes: 65536}
 maxLimits:     {timeoutSeconds: 300, memoryMiB: 2048, cpuMillis: 2000, processes: 1024, outputBytes: 262144}
 runtimeClassName: null
 allowedRuntimeClassNames: []

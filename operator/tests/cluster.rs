@@ -258,10 +258,10 @@ async fn python_print_runs_in_a_locked_down_pod() {
             ("True", "Ok")
         );
 
-        // The pod as the API server stored it: every locked-down field (the init
-        // container that copies the runner in, and the run container).
+        // The pod as the API server stored it: every locked-down field (one container: by
+        // default the runner comes from the sandbox image).
         let pod = ns.pods().get("py").await?;
-        assert_locked_down(&pod, &run, 2);
+        assert_locked_down(&pod, &run, 1);
         // The ConfigMap holds the spec and belongs to the run too.
         let cm = ns.api::<ConfigMap>().get("py").await?;
         assert_eq!(cm.immutable, Some(true));
@@ -359,11 +359,10 @@ fn assert_locked_down(pod: &Pod, run: &ToolRun, n_containers: usize) {
 #[tokio::test]
 async fn javascript_and_bash_report_stderr_and_exit_codes() {
     with_ns("op-js-bash", |ns| async move {
-        // javascript from the runner toolrun/sandbox carries (runnerPath: no init
-        // container); bash with the init container that copies the runner in.
+        // javascript from the runner toolrun/sandbox carries (runnerPath, the default: no
+        // init container); bash with the init container that copies the runner in.
         let mut config = test_config(&ns.name);
-        config.operator.images.javascript.runner_path =
-            Some(toolrun_operator::config::SANDBOX_IMAGE_RUNNER.into());
+        config.operator.images.bash.runner_path = None;
         let op = Operator::start(config, "op-1").await?;
         create(
             &ns,

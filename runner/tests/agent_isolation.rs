@@ -143,9 +143,11 @@ fn system_v_ipc_is_removed_between_runs() {
 #[test]
 fn as_pid_1_the_defaults_clean_everything() {
     let ws = temp_dir("pid1");
+    // The runner and the workspace may live under /tmp (a checkout there): hold both open
+    // before the tmpfs covers /tmp, and start the agent through its fd.
     let script = format!(
-        "mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /dev/shm && \
-         exec {RUNNER} agent --require-unreachable off --workspace {}",
+        "exec 3<{RUNNER} && cd {} && mount -t tmpfs tmpfs /tmp && mount -t tmpfs tmpfs /dev/shm && \
+         exec /proc/self/fd/3 agent --require-unreachable off --workspace .",
         ws.display()
     );
     let mut cmd = Command::new("unshare");

@@ -90,7 +90,7 @@ pub mod runs;
 pub mod server;
 pub mod sysv;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
@@ -150,8 +150,14 @@ impl Config {
             max_output_bytes: 16 << 20,
             max_queue_bytes: 64 << 20,
             file_workers: 4,
-            runner_exe: std::env::current_exe()
-                .map_err(|e| format!("cannot find the agent's executable: {e}"))?,
+            // The agent's own executable, for the one-shot runs: /proc/self/exe names it even
+            // when its path has been covered or replaced since it started.
+            runner_exe: if Path::new("/proc/self/exe").exists() {
+                PathBuf::from("/proc/self/exe")
+            } else {
+                std::env::current_exe()
+                    .map_err(|e| format!("cannot find the agent's executable: {e}"))?
+            },
         };
         let mut scratch = None::<Vec<PathBuf>>;
         let mut target = env(reach::ENV_TARGET).unwrap_or_else(|| "auto".into());

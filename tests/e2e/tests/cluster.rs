@@ -402,8 +402,10 @@ fn runner_check_pod(name: &str, labels: &[(&str, &str)]) -> Pod {
         "language": "bash", "code": "echo program-ran", "interpreter": "/bin/bash",
         "limits": {"timeout_ms": 10000, "output_limit_bytes": 65536}
     });
+    // After 3 s the policy controller has programmed the pod (it fails closed: before that,
+    // even a pod no policy isolates reaches nothing, and a check would pass).
     let script = format!(
-        "echo '{spec}' | /usr/local/bin/toolrun-runner --require-unreachable auto --unreachable-wait-ms 1500 --spec -"
+        "sleep 3; echo '{spec}' | /usr/local/bin/toolrun-runner --require-unreachable auto --unreachable-wait-ms 1500 --spec -"
     );
     sandbox_pod(name, labels, vec!["/bin/bash".into(), "-c".into(), script])
 }

@@ -435,6 +435,8 @@ async fn default_render_matches_the_contract() {
     let gw_cm = find(&objs, "ConfigMap", Some(NS), "toolrun-gateway");
     let gw_cfg =
         &helm::parse_manifests(gw_cm["data"]["toolrun.yaml"].as_str().unwrap()).unwrap()[0];
+    // The gateway's bound on runs in flight (gateway.maxRunsInFlight).
+    assert_eq!(gw_cfg["sandbox"]["max_concurrent_runs"], 16, "{gw_cfg}");
     assert_eq!(
         gw_cfg["mcp"],
         json!({
@@ -731,9 +733,15 @@ async fn values_reach_the_operator_config_and_the_pods() {
 
     // MCP off: no port, no policy rule, `--mcp-listen off`, and no config file without other
     // settings.
-    let objs = render(&helm, &[("gateway.mcp.enabled", json!(false))])
-        .await
-        .unwrap();
+    let objs = render(
+        &helm,
+        &[
+            ("gateway.mcp.enabled", json!(false)),
+            ("gateway.maxRunsInFlight", json!(0)),
+        ],
+    )
+    .await
+    .unwrap();
     let gw = find(&objs, "Deployment", Some(NS), "toolrun-gateway");
     let c = &gw["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(

@@ -401,3 +401,41 @@ def test_anthropic_results_in_a_session(client: Client) -> None:
         assert msg["role"] == "user"
         assert msg["content"][0]["type"] == "tool_result"
         assert msg["content"][0]["tool_use_id"] == "toolu_1"
+
+
+def test_closing_a_session_cancels_its_running_call(client: Client) -> None:
+    s = client.create_session(approval_mode="all")
+    results: List[ToolResult] = []
+    t = threading.Thread(
+        target=lambda: results.append(s.run_code("import time\ntime.sleep(30)")), daemon=True
+    )
+    t.start()
+    deadline = time.monotonic() + 20
+    while s.refresh().calls_running == 0:
+        assert time.monotonic() < deadline, "the call never started"
+        time.sleep(0.05)
+    closed = s.close()
+    t.join(timeout=20)
+    assert closed.calls_cancelled == 1
+    assert results and results[0].code == "CANCELLED"
+
+
+def test_leaving_a_stream_early_cancels_the_call(client: Client) -> None:
+    with client.create_session(approval_mode="all") as s:
+        code = "import time\nfor i in range(300):\n    print(i, flush=True)\n    time.sleep(0.1)\n"
+        events = s.stream("run_code", code=code, language="python")
+        first = next(iter(events))
+        assert isinstance(first, Stdout) and first.text.startswith("0")
+        events.close()  # type: ignore[attr-defined]
+        # The program would run 30 s; the gateway kills it once the stream is gone.
+        deadline = time.monotonic() + 10
+        while s.refresh().calls_running != 0:
+            assert time.monotonic() < deadline, "the call still runs after the stream closed"
+            time.sleep(0.05)
+
+
+def test_oversized_request_is_resource_exhausted(client: Client) -> None:
+    with pytest.raises(toolrun.ResourceExhausted):
+        client.call("echo", big="x" * (5 * 1024 * 1024))
+    # The connection still serves calls.
+    assert client.call("echo", small="y").output == {"small": "y"}

@@ -20,7 +20,7 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
 
-_FORMATS = {
+_FORMATS: Dict[str, "pb.ToolFormat"] = {
     "openai": pb.TOOL_FORMAT_OPENAI,
     "anthropic": pb.TOOL_FORMAT_ANTHROPIC,
     "mcp": pb.TOOL_FORMAT_MCP,
@@ -30,7 +30,7 @@ _FORMATS = {
     "gemini": pb.TOOL_FORMAT_GEMINI,
 }
 
-_MODES = {
+_MODES: Dict[str, "pb.ApprovalMode"] = {
     "none": pb.APPROVAL_MODE_NONE,
     "safe": pb.APPROVAL_MODE_SAFE,
     "all": pb.APPROVAL_MODE_ALL,
@@ -49,7 +49,7 @@ def strip_address(address: str) -> str:
     return address
 
 
-def format_value(fmt: Optional[str]) -> int:
+def format_value(fmt: Optional[str]) -> "pb.ToolFormat":
     """The ToolFormat for a provider name; ValueError for an unknown one."""
     if fmt is None:
         return pb.TOOL_FORMAT_UNSPECIFIED
@@ -59,7 +59,7 @@ def format_value(fmt: Optional[str]) -> int:
         raise ValueError(f"unknown tool format {fmt!r}; one of {sorted(_FORMATS)}") from None
 
 
-def mode_value(mode: Optional[str]) -> int:
+def mode_value(mode: Optional[str]) -> "pb.ApprovalMode":
     """The ApprovalMode for ``"none"``, ``"safe"`` or ``"all"`` (None: the server's default)."""
     if mode is None:
         return pb.APPROVAL_MODE_UNSPECIFIED

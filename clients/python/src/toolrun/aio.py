@@ -65,14 +65,16 @@ class AsyncClient:
         self.timeout = timeout
         self._channel: Optional[grpc.aio.Channel] = channel
         self._stub_: Optional[pb_grpc.ToolServiceStub] = (
-            pb_grpc.ToolServiceStub(channel) if channel is not None else None
+            pb_grpc.ToolServiceStub(channel)  # type: ignore[no-untyped-call]
+            if channel is not None
+            else None
         )
 
     @property
     def _stub(self) -> pb_grpc.ToolServiceStub:
         if self._stub_ is None:
             self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
-            self._stub_ = pb_grpc.ToolServiceStub(self._channel)
+            self._stub_ = pb_grpc.ToolServiceStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub_
 
     async def close(self) -> None:

@@ -62,7 +62,7 @@ class Client:
         self.address = strip_address(address)
         self.timeout = timeout
         self._channel = channel or grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.ToolServiceStub(self._channel)
+        self._stub = pb_grpc.ToolServiceStub(self._channel)  # type: ignore[no-untyped-call]
 
     # ---- lifecycle ----
 

@@ -160,12 +160,12 @@ def type_to_schema(tp: Any) -> Dict[str, Any]:
         abc.Set,
         abc.Iterable,
     ):
-        schema: Dict[str, Any] = {"type": "array"}
+        array: Dict[str, Any] = {"type": "array"}
         if args:
-            schema["items"] = type_to_schema(args[0])
+            array["items"] = type_to_schema(args[0])
         if origin in (set, frozenset, abc.Set) or tp in (set, frozenset):
-            schema["uniqueItems"] = True
-        return schema
+            array["uniqueItems"] = True
+        return array
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             return {"type": "array", "items": type_to_schema(args[0])}
@@ -176,14 +176,14 @@ def type_to_schema(tp: Any) -> Dict[str, Any]:
             "maxItems": len(args),
         }
     if tp in (dict, abc.Mapping) or origin in (dict, abc.Mapping):
-        schema = {"type": "object"}
+        obj: Dict[str, Any] = {"type": "object"}
         if args:
             if args[0] is not str:
                 raise TypeError(f"{tp!r}: JSON object keys are strings; use dict[str, T]")
             value = type_to_schema(args[1])
             if value:
-                schema["additionalProperties"] = value
-        return schema
+                obj["additionalProperties"] = value
+        return obj
     raise TypeError(f"no JSON Schema for the type {tp!r}")
 
 

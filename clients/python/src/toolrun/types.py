@@ -17,7 +17,7 @@ from .v1 import toolrun_pb2 as pb
 def _enum_name(enum: Any, value: int, prefix: str, lower: bool = True) -> str:
     """``ERROR_CODE_TIMEOUT`` -> ``TIMEOUT`` (or lowercase); an unknown number as text."""
     try:
-        name = enum.Name(value)
+        name = str(enum.Name(value))
     except ValueError:
         return str(value)
     if name.startswith(prefix):

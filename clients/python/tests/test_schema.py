@@ -192,10 +192,6 @@ def test_type_to_schema_scalars() -> None:
 
 
 def test_pep604_unions() -> None:
-    import sys
-
-    if sys.version_info < (3, 10):
-        pytest.fail("the SDK's CI runs Python >= 3.10")
     ns: Dict[str, Any] = {}
     exec("def f(x: int | None = None, y: list[str] | None = None) -> str | int: ...", ns)
     d = function_to_tool_definition(ns["f"])

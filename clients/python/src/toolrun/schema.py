@@ -140,6 +140,8 @@ def type_to_schema(tp: Any) -> Dict[str, Any]:
         return {**_literal_type(values), "enum": values}
     if origin in _UNION_TYPES:
         non_null = [a for a in args if a is not type(None)]
+        if Any in non_null:  # Optional[Any] (Python 3.10 adds it for a None default)
+            return {}
         nullable = len(non_null) < len(args)
         if len(non_null) == 1:
             inner = type_to_schema(non_null[0])

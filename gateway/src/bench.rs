@@ -235,6 +235,23 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted[idx.min(sorted.len() - 1)]
 }
 
+/// Waits for the callers' tasks: their latencies (microseconds) together, their failures
+/// summed.
+async fn gather(
+    tasks: Vec<tokio::task::JoinHandle<(Vec<u64>, usize)>>,
+) -> Result<(Vec<u64>, usize), CliError> {
+    let mut all = Vec::new();
+    let mut failures = 0;
+    for t in tasks {
+        let (lat, f) = t
+            .await
+            .map_err(|e| CliError::Usage(format!("bench task: {e}")))?;
+        all.extend(lat);
+        failures += f;
+    }
+    Ok((all, failures))
+}
+
 fn report(
     scenario: &str,
     concurrency: usize,
@@ -299,15 +316,7 @@ async fn inline_scenario(
             (lat, failures)
         }));
     }
-    let mut all = Vec::new();
-    let mut failures = 0;
-    for t in tasks {
-        let (lat, f) = t
-            .await
-            .map_err(|e| CliError::Usage(format!("bench task: {e}")))?;
-        all.extend(lat);
-        failures += f;
-    }
+    let (all, failures) = gather(tasks).await?;
     Ok(report(tool, concurrency, all, failures, start.elapsed()))
 }
 
@@ -398,15 +407,7 @@ async fn mcp_scenario(url: &str, concurrency: usize, seconds: f64) -> Result<Rep
             (lat, failures)
         }));
     }
-    let mut all = Vec::new();
-    let mut failures = 0;
-    for t in tasks {
-        let (lat, f) = t
-            .await
-            .map_err(|e| CliError::Usage(format!("bench task: {e}")))?;
-        all.extend(lat);
-        failures += f;
-    }
+    let (all, failures) = gather(tasks).await?;
     Ok(report(
         "mcp tools/call echo",
         concurrency,
@@ -467,15 +468,7 @@ async fn sandbox_scenario(addr: &str, runs: usize, concurrency: usize) -> Result
             (lat, failures)
         }));
     }
-    let mut lat = Vec::with_capacity(runs);
-    let mut failures = 0;
-    for t in tasks {
-        let (l, f) = t
-            .await
-            .map_err(|e| CliError::Usage(format!("bench task: {e}")))?;
-        lat.extend(l);
-        failures += f;
-    }
+    let (lat, failures) = gather(tasks).await?;
     Ok(report(
         "run_code python print(1)",
         concurrency,

@@ -118,7 +118,8 @@ fn dechunk(mut s: &str) -> String {
         let Some((size, rest)) = s.split_once("\r\n") else {
             return out;
         };
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        let n = usize::from_str_radix(size.trim(), 16)
+            .unwrap_or_else(|e| panic!("bad chunk size {size:?} ({e}) in {s:?}"));
         if n == 0 {
             return out;
         }

@@ -318,6 +318,34 @@ pub(crate) fn to_json<T: Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("rendered results serialise")
 }
 
+/// The calls of a `tool_calls` array of `{id?, function: {name, arguments}}` objects, the
+/// shape OpenAI Chat Completions and Ollama share (missing or null: no calls).
+pub(crate) fn function_tool_calls(calls: Option<&Value>) -> Result<Vec<ProviderCall>, String> {
+    let calls = match calls {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(other) => return Err(format!("tool_calls must be an array, got {}", kind(other))),
+    };
+    calls
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            if !c.is_object() {
+                return Err(format!(
+                    "tool_calls[{i}] must be an object, got {}",
+                    kind(c)
+                ));
+            }
+            let function = c.get("function").unwrap_or(&Value::Null);
+            Ok(ProviderCall {
+                id: str_field(c, "id"),
+                name: str_field(function, "name"),
+                arguments_json: arguments_text(function.get("arguments")),
+            })
+        })
+        .collect()
+}
+
 /// JSON text of an argument value as a provider gave it: strings pass through untouched
 /// (OpenAI's JSON-in-a-string), null or missing is empty (`{}`), anything else is
 /// serialised (the executor rejects non-objects as INVALID_ARGUMENTS).

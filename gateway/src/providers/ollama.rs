@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use serde::Serialize;
 
-use super::{ProviderCall, arguments_text, kind, result_text, str_field, to_json};
+use super::{ProviderCall, function_tool_calls, kind, result_text, to_json};
 use crate::exec::CallOutcome;
 use crate::registry::Entry;
 
@@ -42,29 +42,7 @@ pub fn parse(v: &Value) -> Result<Vec<ProviderCall>, String> {
         Some(m) => return Err(format!("$.message must be an object, got {}", kind(m))),
         None => v,
     };
-    let calls = match msg.get("tool_calls") {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(a)) => a,
-        Some(other) => return Err(format!("tool_calls must be an array, got {}", kind(other))),
-    };
-    calls
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            if !c.is_object() {
-                return Err(format!(
-                    "tool_calls[{i}] must be an object, got {}",
-                    kind(c)
-                ));
-            }
-            let function = c.get("function").unwrap_or(&Value::Null);
-            Ok(ProviderCall {
-                id: str_field(c, "id"),
-                name: str_field(function, "name"),
-                arguments_json: arguments_text(function.get("arguments")),
-            })
-        })
-        .collect()
+    function_tool_calls(msg.get("tool_calls"))
 }
 
 #[derive(Serialize)]

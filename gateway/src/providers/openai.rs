@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 use serde::Serialize;
 
-use super::{ProviderCall, arguments_text, array_field, kind, result_text, str_field, to_json};
+use super::{ProviderCall, array_field, function_tool_calls, kind, result_text, to_json};
 use crate::exec::CallOutcome;
 use crate::registry::Entry;
 
@@ -54,33 +54,7 @@ pub(crate) fn message(v: &Value) -> Result<&Value, String> {
 
 /// The calls in `v`.
 pub fn parse(v: &Value) -> Result<Vec<ProviderCall>, String> {
-    let msg = message(v)?;
-    let Some(calls) = msg.get("tool_calls") else {
-        return Ok(Vec::new());
-    };
-    let calls = match calls {
-        Value::Array(a) => a,
-        Value::Null => return Ok(Vec::new()),
-        other => return Err(format!("tool_calls must be an array, got {}", kind(other))),
-    };
-    calls
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            if !c.is_object() {
-                return Err(format!(
-                    "tool_calls[{i}] must be an object, got {}",
-                    kind(c)
-                ));
-            }
-            let function = c.get("function").unwrap_or(&Value::Null);
-            Ok(ProviderCall {
-                id: str_field(c, "id"),
-                name: str_field(function, "name"),
-                arguments_json: arguments_text(function.get("arguments")),
-            })
-        })
-        .collect()
+    function_tool_calls(message(v)?.get("tool_calls"))
 }
 
 #[derive(Serialize)]

@@ -293,6 +293,28 @@ print("VERSION", v["gitVersion"])
     .await;
 }
 
+/// A deny-all egress NetworkPolicy selecting the pods labelled `role: isolated`.
+async fn deny_egress_of_isolated(ns: &TestNs) -> Result<()> {
+    let deny_egress = NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some("deny-egress".into()),
+            ..Default::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([("role".into(), "isolated".into())])),
+                ..Default::default()
+            }),
+            policy_types: Some(vec!["Egress".into()]),
+            ..Default::default()
+        }),
+    };
+    ns.api::<NetworkPolicy>()
+        .create(&PostParams::default(), &deny_egress)
+        .await?;
+    Ok(())
+}
+
 /// A pod that tries HOST:PORT every 50 ms from the moment its program starts, for 4 s, and
 /// prints when the first connection opened (`FIRST_OPEN <ms>`) or `NEVER_OPEN`, with the
 /// errors it saw.
@@ -347,24 +369,7 @@ async fn a_pod_under_a_deny_all_egress_policy_reaches_nothing_from_its_first_mom
             .and_then(|s| s.cluster_ip)
             .context("kubernetes service has no cluster IP")?;
 
-        let policies: Api<NetworkPolicy> = ns.api();
-        let deny_egress = NetworkPolicy {
-            metadata: ObjectMeta {
-                name: Some("deny-egress".into()),
-                ..Default::default()
-            },
-            spec: Some(NetworkPolicySpec {
-                pod_selector: Some(LabelSelector {
-                    match_labels: Some(BTreeMap::from([("role".into(), "isolated".into())])),
-                    ..Default::default()
-                }),
-                policy_types: Some(vec!["Egress".into()]),
-                ..Default::default()
-            }),
-        };
-        policies
-            .create(&PostParams::default(), &deny_egress)
-            .await?;
+        deny_egress_of_isolated(&ns).await?;
 
         // Control: a pod the policy does not select, same script, same namespace, opens the
         // connection within the 4 s (after the controller has programmed it).
@@ -417,24 +422,7 @@ async fn the_runner_refuses_to_run_while_the_api_server_is_reachable() {
     // starts. In a pod that no policy isolates it refuses with INFRA_ERROR naming the cause;
     // under a deny-all egress policy (control) the same pod runs the program.
     run_in_namespace("runner-reach-check", |ns| async move {
-        let policies: Api<NetworkPolicy> = ns.api();
-        let deny_egress = NetworkPolicy {
-            metadata: ObjectMeta {
-                name: Some("deny-egress".into()),
-                ..Default::default()
-            },
-            spec: Some(NetworkPolicySpec {
-                pod_selector: Some(LabelSelector {
-                    match_labels: Some(BTreeMap::from([("role".into(), "isolated".into())])),
-                    ..Default::default()
-                }),
-                policy_types: Some(vec!["Egress".into()]),
-                ..Default::default()
-            }),
-        };
-        policies
-            .create(&PostParams::default(), &deny_egress)
-            .await?;
+        deny_egress_of_isolated(&ns).await?;
 
         let open = first_moment(&ns, runner_check_pod("open", &[])).await?;
         ensure!(

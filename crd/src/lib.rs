@@ -105,8 +105,11 @@ pub struct ToolRunSpec {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 256))]
     pub call_id: String,
-    /// Interpreter language.
-    pub language: Language,
+    /// The program's language: `python`, `javascript`, `bash`, or one of the operator's
+    /// configured `languages` (e.g. `typescript`, `c`); an unknown name fails the run with
+    /// the configured names in its reason.
+    #[schemars(length(min = 1, max = 32), regex(pattern = r"^[a-z][a-z0-9_-]*$"))]
+    pub language: String,
     /// Program source. It reaches the pod only inside the run's ConfigMap, never on a
     /// command line.
     #[schemars(length(min = 1, max = MAX_CODE_CHARS))]
@@ -163,37 +166,6 @@ impl ToolRun {
 
 fn is_false(b: &bool) -> bool {
     !*b
-}
-
-/// An interpreter language.
-#[derive(Serialize, Deserialize, JsonSchema, Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[serde(rename_all = "lowercase")]
-pub enum Language {
-    // Variants carry no doc comments: schemars would turn them into a `oneOf`, which is
-    // not a structural schema. The names are the runner's.
-    Python,
-    Javascript,
-    Bash,
-}
-
-impl From<Language> for toolrun_runner::Language {
-    fn from(l: Language) -> Self {
-        match l {
-            Language::Python => toolrun_runner::Language::Python,
-            Language::Javascript => toolrun_runner::Language::Javascript,
-            Language::Bash => toolrun_runner::Language::Bash,
-        }
-    }
-}
-
-impl From<toolrun_runner::Language> for Language {
-    fn from(l: toolrun_runner::Language) -> Self {
-        match l {
-            toolrun_runner::Language::Python => Language::Python,
-            toolrun_runner::Language::Javascript => Language::Javascript,
-            toolrun_runner::Language::Bash => Language::Bash,
-        }
-    }
 }
 
 /// One environment variable of the program.
@@ -294,9 +266,76 @@ pub struct ToolRunStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
+    /// The files the program left in its outputs directory (`/tmp/outputs`), content
+    /// base64-encoded, bounded by the operator's `artifacts` configuration and by what is
+    /// left of the object's size (an etcd object holds about 1.5 MiB): a file cut short is
+    /// `truncated`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub artifacts: Vec<Artifact>,
+    /// Entries of the outputs directory that were not returned, and why (a symlink, a
+    /// FIFO, over the file count...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub artifacts_omitted: Vec<OmittedArtifact>,
+    /// Some files were left out or cut (count or size limits).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub artifacts_truncated: bool,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+}
+
+/// A file the program wrote to its outputs directory (the runner's
+/// [`toolrun_runner::artifacts::Artifact`]).
+#[derive(Serialize, Deserialize, JsonSchema, Debug, Clone, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Artifact {
+    /// Path relative to the outputs directory.
+    pub name: String,
+    /// The file's whole size in bytes.
+    pub size: u64,
+    /// e.g. image/png, text/csv.
+    pub media_type: String,
+    /// The content (or its first part when `truncated`), standard base64.
+    #[serde(default)]
+    pub content_base64: String,
+    /// `contentBase64` holds less than the whole file.
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+/// An entry of the outputs directory that was not returned.
+#[derive(Serialize, Deserialize, JsonSchema, Debug, Clone, Default, PartialEq, Eq)]
+pub struct OmittedArtifact {
+    /// Path relative to the outputs directory.
+    pub name: String,
+    /// Why it was not returned.
+    pub reason: String,
+}
+
+impl From<toolrun_runner::artifacts::Artifact> for Artifact {
+    fn from(a: toolrun_runner::artifacts::Artifact) -> Self {
+        Artifact {
+            name: a.name,
+            size: a.size,
+            media_type: a.media_type,
+            content_base64: a.content_base64,
+            truncated: a.truncated,
+        }
+    }
+}
+
+impl From<Artifact> for toolrun_runner::artifacts::Artifact {
+    fn from(a: Artifact) -> Self {
+        toolrun_runner::artifacts::Artifact {
+            name: a.name,
+            size: a.size,
+            media_type: a.media_type,
+            content_base64: a.content_base64,
+            truncated: a.truncated,
+        }
+    }
 }
 
 /// Lifecycle phase of a ToolRun.

@@ -23,6 +23,7 @@ const PYTHON: &str = "/usr/bin/python3";
 fn print_one() -> SandboxRun {
     let limits = Limits::default();
     SandboxRun {
+        language: "python".into(),
         spec: RunSpec {
             language: Language::Python,
             code: "print(1)".into(),

@@ -503,13 +503,11 @@ impl SandboxConfig {
         }
         for (name, lang) in &self.languages {
             let key = format!("sandbox.languages.{name}");
-            let name_ok = !name.is_empty()
-                && name.len() <= 32
-                && name.bytes().all(|b| {
-                    b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
-                });
-            if !name_ok {
-                return bad(key, "a language name is 1-32 of a-z, 0-9, _ and -".into());
+            if !toolrun_runner::interp::is_language_name(name) {
+                return bad(
+                    key,
+                    "a language name is 1-32 of a-z, 0-9, _ and -, starting with a letter".into(),
+                );
             }
             if BUILTIN_LANGUAGES.contains(&name.as_str()) {
                 return bad(

@@ -93,6 +93,7 @@ async fn backend(
 fn sandbox_run(language: Language, code: &str, timeout_ms: u64, call_id: &str) -> SandboxRun {
     let limits = Limits::default();
     SandboxRun {
+        language: language.as_str().into(),
         spec: RunSpec {
             language,
             code: code.into(),
@@ -288,7 +289,7 @@ async fn run_code_creates_the_expected_toolrun_and_maps_its_status() {
         ensure!(tr.labels()["app.kubernetes.io/created-by"] == "toolrun-gateway");
         ensure!(tr.labels()["toolrun.dev/call-id"] == toolrun_crd::labels::label_value("call/ü 1"));
         ensure!(s.tool == "run_code" && s.call_id == "call/ü 1", "{s:?}");
-        ensure!(s.language == toolrun_crd::Language::Javascript);
+        ensure!(s.language == "javascript");
         ensure!(s.code == "console.log(process.argv[2])");
         ensure!(s.args == ["hello", "two words"]);
         ensure!(s.stdin == "line\n");

@@ -16,9 +16,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::Resource;
 use toolrun_crd::{Limits, ToolRun, labels};
-use toolrun_runner::{RunSpec, RunnerLimits};
+use toolrun_runner::{RunSetup, RunSpec, RunnerLimits, interp};
 
-use crate::config::{OperatorConfig, ResolvedLimits};
+use crate::config::{ConfiguredLanguage, LanguageImage, OperatorConfig, ResolvedLimits};
 
 /// Name of the container that runs the program (its log holds the record).
 pub const RUN_CONTAINER: &str = "run";
@@ -106,6 +106,14 @@ pub enum BuildError {
     /// A RuntimeClass the operator is not configured to allow.
     #[error("runtimeClassName {0:?} is not allowed")]
     RuntimeClassNotAllowed(String),
+    /// A language neither built in nor configured.
+    #[error("unknown language {name:?}; configured languages: {configured}")]
+    UnknownLanguage {
+        /// The ToolRun's language.
+        name: String,
+        /// Every language the operator runs, comma-separated.
+        configured: String,
+    },
     /// The run's spec does not fit in a ConfigMap.
     #[error("the run's spec is {0} bytes, more than a ConfigMap holds ({MAX_SPEC_JSON_BYTES})")]
     SpecTooLarge(usize),
@@ -166,10 +174,58 @@ pub fn ttl_seconds_after_finished(run: &ToolRun, config: &OperatorConfig) -> u32
         .unwrap_or(config.default_ttl_seconds_after_finished)
 }
 
-/// What the runner in the pod reads from `/toolrun/spec/spec.json`.
+/// The image of `run`'s language and, for a configured language, its definition.
+pub fn language<'c>(
+    run: &ToolRun,
+    config: &'c OperatorConfig,
+) -> Result<(&'c LanguageImage, Option<&'c ConfiguredLanguage>), BuildError> {
+    let name = run.spec.language.as_str();
+    if let Some((image, _)) = config.images.builtin(name) {
+        return Ok((image, None));
+    }
+    match config.languages.get(name) {
+        Some(l) => Ok((&l.image, Some(l))),
+        None => Err(BuildError::UnknownLanguage {
+            name: name.to_string(),
+            configured: ["python", "javascript", "bash"]
+                .into_iter()
+                .chain(config.languages.keys().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+/// What the runner in the pod reads from `/toolrun/spec/spec.json`: the program as the
+/// local backend would run it ([`toolrun_runner::interp`]: a configured language's source
+/// file and command, python's matplotlib backend) and the outputs directory to collect.
 pub fn run_spec(run: &ToolRun, config: &OperatorConfig) -> Result<RunSpec, BuildError> {
     let limits = resolve_limits(&run.spec.limits, config)?;
+    let (image, configured) = language(run, config)?;
     let mut env = config.base_env.clone();
+    let mut files = Vec::new();
+    let (language, code) = match configured {
+        Some(l) => {
+            env.extend(l.env.clone());
+            let (code, source) =
+                interp::configured_program(&l.command, &l.extension, run.spec.code.clone());
+            files.push(source);
+            (toolrun_runner::Language::Bash, code)
+        }
+        None => {
+            let (_, language) = config
+                .images
+                .builtin(&run.spec.language)
+                .expect("language() found it built in");
+            (language, run.spec.code.clone())
+        }
+    };
+    if let Some(a) = &config.artifacts {
+        env.insert("TOOLRUN_OUTPUTS".into(), a.dir.clone());
+        if language == toolrun_runner::Language::Python && configured.is_none() {
+            interp::python_matplotlib(&mut env, &mut files, Some(interp::DEBIAN_MPL_DATA));
+        }
+    }
     env.extend(
         run.spec
             .env
@@ -177,12 +233,12 @@ pub fn run_spec(run: &ToolRun, config: &OperatorConfig) -> Result<RunSpec, Build
             .map(|e| (e.name.clone(), e.value.clone())),
     );
     Ok(RunSpec {
-        language: run.spec.language.into(),
-        code: run.spec.code.clone(),
+        language,
+        code,
         args: run.spec.args.clone(),
         env,
         stdin: run.spec.stdin.clone(),
-        interpreter: config.images.get(run.spec.language).interpreter.clone(),
+        interpreter: image.interpreter.clone(),
         workdir: "/tmp".into(),
         limits: RunnerLimits {
             timeout_ms: u64::from(limits.timeout_seconds) * 1000,
@@ -196,8 +252,10 @@ pub fn run_spec(run: &ToolRun, config: &OperatorConfig) -> Result<RunSpec, Build
             max_open_files: 0,
             address_space_bytes: 0,
         },
-        // Setup files and artifacts are not carried by the ToolRun CRD yet.
-        setup: Default::default(),
+        setup: RunSetup {
+            files,
+            artifacts: config.artifacts.clone(),
+        },
     })
 }
 
@@ -273,7 +331,7 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
     let uid = sandbox_uid(run, config);
 
     let resources = resources(limits, config);
-    let language_image = config.images.get(run.spec.language);
+    let (language_image, _) = language(run, config)?;
     let image = &language_image.image;
     let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
         name: name.into(),

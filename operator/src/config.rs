@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Toleration;
-use toolrun_crd::Language;
 use toolrun_crd::labels::is_dns_label;
+use toolrun_runner::artifacts::ArtifactSpec;
 
 /// The operator's configuration, as the builders need it.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,8 +17,15 @@ pub struct OperatorConfig {
     pub namespace: String,
     /// Image holding the static `toolrun-runner` at `/toolrun-runner` (nothing else).
     pub runner_image: String,
-    /// Image and interpreter per language.
+    /// Image and interpreter of each built-in language.
     pub images: LanguageImages,
+    /// More languages by name (e.g. `typescript`, `c`): each runs a bash command line on
+    /// its source file, in its image. The gateway's `sandbox.languages` must name the same
+    /// ones (the chart renders both from its `languages`).
+    pub languages: BTreeMap<String, ConfiguredLanguage>,
+    /// The outputs directory and its bounds: its files come back in the ToolRun's status
+    /// (`None`: nothing is collected).
+    pub artifacts: Option<ArtifactSpec>,
     /// `imagePullPolicy` of both containers (`None` = the cluster's default).
     pub image_pull_policy: Option<String>,
     /// Seconds a finished ToolRun is kept when its spec does not say
@@ -79,16 +86,49 @@ pub struct LanguageImages {
 }
 
 impl LanguageImages {
-    /// The image for `language`.
-    pub fn get(&self, language: Language) -> &LanguageImage {
-        match language {
-            Language::Python => &self.python,
-            Language::Javascript => &self.javascript,
-            Language::Bash => &self.bash,
+    /// The image of a built-in language, with the runner's name for it.
+    pub fn builtin(&self, name: &str) -> Option<(&LanguageImage, toolrun_runner::Language)> {
+        use toolrun_runner::Language as L;
+        match name {
+            "python" => Some((&self.python, L::Python)),
+            "javascript" => Some((&self.javascript, L::Javascript)),
+            "bash" => Some((&self.bash, L::Bash)),
+            _ => None,
         }
     }
 }
 
+/// A configured language (`languages.NAME`): the runner writes the program's source to
+/// `/tmp/.toolrun/main.EXTENSION` and runs `command` under bash (see
+/// [`toolrun_runner::interp`]). A compiled language compiles and runs in that command, so
+/// the compile counts in the timeout and runs under the run's limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfiguredLanguage {
+    /// The image, its bash (`interpreter`) and its runner; by default the bash image's.
+    pub image: LanguageImage,
+    /// The source file's extension, without the dot.
+    pub extension: String,
+    /// A bash command line; `{source}` is the source file's path, `"$@"` the arguments.
+    pub command: String,
+    /// Extra environment of the program.
+    pub env: BTreeMap<String, String>,
+}
+
+/// `/tmp/outputs`, 16 files, 512 KiB in all.
+pub fn default_artifacts() -> ArtifactSpec {
+    ArtifactSpec {
+        dir: "/tmp/outputs".into(),
+        max_files: 16,
+        max_file_bytes: 512 * 1024,
+        max_total_bytes: 512 * 1024,
+        changed_only: false,
+    }
+}
+
+/// Bytes of artifacts the status may carry at most (before base64): with stdout and
+/// stderr (each at most [`crate::status::MAX_STATUS_STREAM_JSON_BYTES`]) and the spec, a
+/// ToolRun must stay within etcd's 1.5 MiB object size.
+pub const MAX_ARTIFACT_BYTES: u64 = 640 * 1024;
 /// A language image: any image with the interpreter works; it needs nothing of ours.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LanguageImage {
@@ -127,6 +167,8 @@ impl Default for OperatorConfig {
                 javascript: sandbox("/usr/bin/node"),
                 bash: sandbox("/bin/bash"),
             },
+            languages: BTreeMap::new(),
+            artifacts: Some(default_artifacts()),
             image_pull_policy: Some("IfNotPresent".into()),
             default_ttl_seconds_after_finished: 3_600,
             default_limits: ResolvedLimits {
@@ -365,6 +407,72 @@ impl Config {
                 );
             }
         }
+        for (name, l) in &o.languages {
+            let key = format!("languages.{name}");
+            if !toolrun_runner::interp::is_language_name(name) {
+                return invalid(
+                    &key,
+                    "a language name is 1-32 of a-z, 0-9, _ and -, starting with a letter".into(),
+                );
+            }
+            if o.images.builtin(name).is_some() {
+                return invalid(&key, format!("{name} is a built-in language (see images)"));
+            }
+            if !is_image_ref(&l.image.image) {
+                return invalid(
+                    &format!("{key}.image"),
+                    format!("{:?} is not an image reference", l.image.image),
+                );
+            }
+            if !l.image.interpreter.starts_with('/') {
+                return invalid(
+                    &format!("{key}.shell"),
+                    format!("{:?} is not an absolute path", l.image.interpreter),
+                );
+            }
+            if let Some(path) = &l.image.runner_path
+                && (!path.starts_with('/') || path.contains(char::is_whitespace))
+            {
+                return invalid(
+                    &format!("{key}.runnerPath"),
+                    format!("{path:?} is not an absolute path"),
+                );
+            }
+            if l.extension.is_empty() || !l.extension.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                return invalid(
+                    &format!("{key}.extension"),
+                    "letters and digits, without the dot".into(),
+                );
+            }
+            if !l.command.contains("{source}") {
+                return invalid(
+                    &format!("{key}.command"),
+                    "must contain {source} (the source file's path)".into(),
+                );
+            }
+        }
+        if let Some(a) = &o.artifacts {
+            let under_tmp = a.dir.starts_with("/tmp/") && !a.dir.split('/').any(|c| c == "..");
+            if !under_tmp {
+                return invalid(
+                    "artifacts.dir",
+                    format!("{:?} must be a directory under /tmp/", a.dir),
+                );
+            }
+            let checks: [(&str, u64, u64); 3] = [
+                ("maxFiles", a.max_files, 1_000),
+                ("maxFileBytes", a.max_file_bytes, MAX_ARTIFACT_BYTES),
+                ("maxTotalBytes", a.max_total_bytes, MAX_ARTIFACT_BYTES),
+            ];
+            for (name, value, hi) in checks {
+                if !(1..=hi).contains(&value) {
+                    return invalid(
+                        &format!("artifacts.{name}"),
+                        format!("{value} is not in 1..={hi}"),
+                    );
+                }
+            }
+        }
         if let Some(p) = &o.image_pull_policy
             && !matches!(p.as_str(), "Always" | "IfNotPresent" | "Never")
         {
@@ -490,7 +598,7 @@ mod file {
     use k8s_openapi::api::core::v1::Toleration;
     use serde::{Deserialize, Deserializer};
 
-    use super::{Config, LanguageImage, ResolvedLimits};
+    use super::{Config, ConfiguredLanguage, LanguageImage, ResolvedLimits};
 
     /// `Some(None)` for an explicit `null`, `None` when the key is absent.
     fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
@@ -507,6 +615,9 @@ mod file {
         #[serde(default, deserialize_with = "nullable")]
         image_pull_policy: Option<Option<String>>,
         images: Option<Images>,
+        languages: Option<BTreeMap<String, Language>>,
+        #[serde(default, deserialize_with = "nullable")]
+        artifacts: Option<Option<Artifacts>>,
         default_ttl_seconds_after_finished: Option<u32>,
         default_limits: Option<Limits>,
         max_limits: Option<Limits>,
@@ -539,6 +650,28 @@ mod file {
         interpreter: Option<String>,
         #[serde(default, deserialize_with = "nullable")]
         runner_path: Option<Option<String>>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct Language {
+        extension: String,
+        command: String,
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+        image: Option<String>,
+        shell: Option<String>,
+        #[serde(default, deserialize_with = "nullable")]
+        runner_path: Option<Option<String>>,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    struct Artifacts {
+        dir: Option<String>,
+        max_files: Option<u64>,
+        max_file_bytes: Option<u64>,
+        max_total_bytes: Option<u64>,
     }
 
     #[derive(Deserialize)]
@@ -618,6 +751,41 @@ mod file {
                 }
                 if let Some(i) = images.bash {
                     i.merge_onto(&mut o.images.bash);
+                }
+            }
+            if let Some(languages) = self.languages {
+                // Built from the bash image (after `images` are merged): a configured
+                // language runs under bash, by default in the same image.
+                o.languages = languages
+                    .into_iter()
+                    .map(|(name, l)| {
+                        let mut image = o.images.bash.clone();
+                        Image {
+                            image: l.image,
+                            interpreter: l.shell,
+                            runner_path: l.runner_path,
+                        }
+                        .merge_onto(&mut image);
+                        let language = ConfiguredLanguage {
+                            image,
+                            extension: l.extension,
+                            command: l.command,
+                            env: l.env,
+                        };
+                        (name, language)
+                    })
+                    .collect();
+            }
+            match self.artifacts {
+                None => {}
+                Some(None) => o.artifacts = None,
+                Some(Some(a)) => {
+                    let mut t = o.artifacts.take().unwrap_or_else(super::default_artifacts);
+                    set(&mut t.dir, a.dir);
+                    set(&mut t.max_files, a.max_files);
+                    set(&mut t.max_file_bytes, a.max_file_bytes);
+                    set(&mut t.max_total_bytes, a.max_total_bytes);
+                    o.artifacts = Some(t);
                 }
             }
             set(

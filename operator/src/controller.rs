@@ -367,7 +367,7 @@ async fn execute(
                 Err(RecordError::Empty)
             };
             let mut status = match log.and_then(|l| record_from_log(&l)) {
-                Ok(record) => finished_status(&record),
+                Ok(record) => finished_status(&record, spec_json_bytes(run)),
                 Err(why) => status_without_record(pod, &why),
             };
             if started {
@@ -378,7 +378,7 @@ async fn execute(
         Decision::Record { pod_name, record } => {
             let pod = pod.expect("Record is decided on an observed pod");
             debug!(run = %name, pod = %pod_name, "recording the record read from the live log");
-            let mut status = finished_status(&record);
+            let mut status = finished_status(&record, spec_json_bytes(run));
             start_from_container(run, pod, &mut status, ctx);
             finish(run, status, None, ctx).await
         }
@@ -652,4 +652,9 @@ pub async fn ensure_network_policy(client: &Client, namespace: &str) -> Result<(
         builders::NETWORK_POLICY_NAME
     )))?;
     Ok(())
+}
+
+/// The size of `run`'s spec in JSON (what is left of an object's size goes to artifacts).
+fn spec_json_bytes(run: &ToolRun) -> usize {
+    serde_json::to_vec(&run.spec).map_or(0, |v| v.len())
 }

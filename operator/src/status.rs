@@ -1,7 +1,7 @@
 //! Pure mapping from what a finished pod shows to the ToolRun's status.
 
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
-use toolrun_crd::{Phase, ToolRunStatus, Verdict};
+use toolrun_crd::{Artifact, OmittedArtifact, Phase, ToolRunStatus, Verdict};
 use toolrun_runner::RunRecord;
 
 use crate::builders::RUN_CONTAINER;
@@ -12,13 +12,27 @@ use crate::record::RecordError;
 /// ToolRun (spec and status) under etcd's 1.5 MiB request limit.
 pub const MAX_STATUS_STREAM_JSON_BYTES: usize = 300 * 1024;
 
-/// The status of a run whose record the runner wrote. The caller adds times, pod name,
-/// conditions and observedGeneration.
-pub fn finished_status(record: &RunRecord) -> ToolRunStatus {
+/// Largest JSON size of a whole ToolRun the operator writes: etcd's default request limit
+/// is 1.5 MiB (1,572,864 bytes); the rest is room for metadata, conditions and times.
+pub const MAX_OBJECT_JSON_BYTES: usize = 1_450_000;
+
+/// The status of a run whose record the runner wrote; `spec_json_bytes` is the size of
+/// the ToolRun's spec in JSON (artifacts get what is left of [`MAX_OBJECT_JSON_BYTES`]).
+/// The caller adds times, pod name, conditions and observedGeneration.
+pub fn finished_status(record: &RunRecord, spec_json_bytes: usize) -> ToolRunStatus {
     let verdict = Verdict::from(record.verdict);
     let (stdout, stdout_cut) = cap_json_size(&record.stdout, MAX_STATUS_STREAM_JSON_BYTES);
     let (stderr, stderr_cut) = cap_json_size(&record.stderr, MAX_STATUS_STREAM_JSON_BYTES);
+    let room = MAX_OBJECT_JSON_BYTES
+        .saturating_sub(spec_json_bytes)
+        .saturating_sub(stdout.len() + stderr.len())
+        .saturating_sub(record.message.len() * 6);
+    let (artifacts, artifacts_omitted, artifacts_truncated) =
+        artifacts_within(record.artifacts.clone(), room);
     ToolRunStatus {
+        artifacts,
+        artifacts_omitted,
+        artifacts_truncated,
         phase: Some(Phase::finished_with(verdict)),
         verdict: Some(verdict),
         reason: (!record.message.is_empty()).then(|| record.message.clone()),
@@ -118,6 +132,59 @@ fn describe_state(c: &ContainerStatus) -> Option<String> {
 
 /// `s` cut (at a character boundary) so its JSON string encoding is at most `max`
 /// bytes; whether it was cut.
+/// The record's artifacts as the status carries them, in at most `room` bytes of JSON:
+/// files kept in order while they fit; the first that does not is cut (its base64 at a
+/// multiple of 4 characters, so it still decodes to the file's first bytes) and the rest
+/// keep their name and size with no content, each flagged `truncated`.
+fn artifacts_within(
+    a: Option<toolrun_runner::artifacts::Artifacts>,
+    room: usize,
+) -> (Vec<Artifact>, Vec<OmittedArtifact>, bool) {
+    let Some(a) = a else {
+        return (Vec::new(), Vec::new(), false);
+    };
+    let mut truncated = a.truncated;
+    let mut omitted: Vec<OmittedArtifact> = a
+        .omitted
+        .into_iter()
+        .take(100)
+        .map(|o| OmittedArtifact {
+            name: o.name,
+            reason: o.reason,
+        })
+        .collect();
+    if !a.error.is_empty() {
+        omitted.push(OmittedArtifact {
+            name: ".".into(),
+            reason: a.error,
+        });
+    }
+    let mut left = room.saturating_sub(
+        omitted
+            .iter()
+            .map(|o| 64 + 6 * (o.name.len() + o.reason.len()))
+            .sum(),
+    );
+    let files = a
+        .files
+        .into_iter()
+        .map(|f| {
+            let mut f = Artifact::from(f);
+            // Names and media types in JSON (escapes included) and the keys.
+            let overhead = 128 + 6 * (f.name.len() + f.media_type.len());
+            left = left.saturating_sub(overhead);
+            if f.content_base64.len() > left {
+                f.content_base64.truncate(left / 4 * 4);
+                f.truncated = true;
+                truncated = true;
+            }
+            left -= f.content_base64.len();
+            f
+        })
+        .collect();
+    (files, omitted, truncated)
+}
+
 fn cap_json_size(s: &str, max: usize) -> (String, bool) {
     let mut size = 2; // the quotes
     for (i, c) in s.char_indices() {
@@ -162,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_record_becomes_the_status() {
-        let ok = finished_status(&record(toolrun_runner::Verdict::Ok, 0));
+        let ok = finished_status(&record(toolrun_runner::Verdict::Ok, 0), 1_000);
         assert_eq!(ok.phase, Some(Phase::Succeeded));
         assert_eq!(ok.verdict, Some(Verdict::Ok));
         assert_eq!(ok.reason, None);
@@ -174,10 +241,64 @@ mod tests {
         assert_eq!(ok.duration_ms, Some(42));
         let mut failed = record(toolrun_runner::Verdict::Timeout, 137);
         failed.message = "wall-clock timeout".into();
-        let failed = finished_status(&failed);
+        let failed = finished_status(&failed, 1_000);
         assert_eq!(failed.phase, Some(Phase::Failed));
         assert_eq!(failed.verdict, Some(Verdict::Timeout));
         assert_eq!(failed.reason.as_deref(), Some("wall-clock timeout"));
+    }
+
+    #[test]
+    fn artifacts_fit_what_is_left_of_the_object() {
+        use base64::Engine as _;
+        use toolrun_runner::artifacts::{Artifact as RunnerArtifact, Artifacts, Omitted};
+        let b64 = |n: usize| base64::engine::general_purpose::STANDARD.encode(vec![7u8; n]);
+        let file = |name: &str, n: usize| RunnerArtifact {
+            name: name.into(),
+            size: n as u64,
+            media_type: "image/png".into(),
+            content_base64: b64(n),
+            truncated: false,
+        };
+        let mut r = record(toolrun_runner::Verdict::Ok, 0);
+        r.artifacts = Some(Artifacts {
+            files: vec![
+                file("a.png", 300_000),
+                file("b.png", 300_000),
+                file("c.png", 10),
+            ],
+            omitted: vec![Omitted {
+                name: "link".into(),
+                reason: "a symlink (not followed)".into(),
+            }],
+            truncated: false,
+            error: String::new(),
+        });
+        // A small spec: everything fits, unchanged.
+        let s = finished_status(&r, 1_000);
+        assert_eq!(s.artifacts.len(), 3);
+        assert_eq!(s.artifacts[0].content_base64, b64(300_000));
+        assert!(!s.artifacts_truncated);
+        assert_eq!(s.artifacts_omitted[0].name, "link");
+        // A large spec: the second file is cut at a base64 boundary and the third emptied,
+        // and the whole object stays under etcd's limit.
+        let s = finished_status(&r, 800_000);
+        assert!(s.artifacts_truncated);
+        assert_eq!(s.artifacts[0].content_base64, b64(300_000));
+        assert!(!s.artifacts[0].truncated);
+        let cut = &s.artifacts[1];
+        assert!(cut.truncated && cut.size == 300_000);
+        assert_eq!(cut.content_base64.len() % 4, 0);
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(&cut.content_base64)
+            .unwrap();
+        assert!(!bytes.is_empty() && bytes.len() < 300_000);
+        assert!(bytes.iter().all(|b| *b == 7));
+        assert!(s.artifacts[2].truncated && s.artifacts[2].content_base64.is_empty());
+        let status_json = serde_json::to_vec(&s).unwrap().len();
+        assert!(
+            800_000 + status_json <= MAX_OBJECT_JSON_BYTES,
+            "{status_json}"
+        );
     }
 
     #[test]
@@ -185,7 +306,7 @@ mod tests {
         let mut r = record(toolrun_runner::Verdict::Ok, 0);
         r.stdout = "\u{1}".repeat(200_000); // 1.2 MB of JSON
         r.stderr = "é".repeat(100_000); // 200 kB: fits
-        let s = finished_status(&r);
+        let s = finished_status(&r, 1_000);
         let out = s.stdout.unwrap();
         assert!(serde_json::to_string(&out).unwrap().len() <= MAX_STATUS_STREAM_JSON_BYTES);
         assert!(out.len() > 40_000);

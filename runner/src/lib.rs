@@ -53,6 +53,7 @@
 pub mod agent;
 pub mod artifacts;
 pub mod capture;
+pub mod interp;
 pub mod oom;
 pub mod run;
 pub mod seccomp;

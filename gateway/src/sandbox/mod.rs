@@ -48,6 +48,10 @@ pub struct SandboxRun {
     /// Handed to `toolrun-runner` unchanged (its `limits.timeout_ms` is the program's
     /// wall-clock limit).
     pub spec: RunSpec,
+    /// The language the caller named. The local backend runs `spec` as resolved by the
+    /// gateway; the kubernetes backend names this language in the ToolRun and the operator
+    /// resolves it from its own configuration (same names, from the same chart values).
+    pub language: String,
     /// Memory, processes, /tmp size... enforced outside the runner.
     pub limits: Limits,
     /// The tool that asked for the run (e.g. `run_code`); recorded by remote backends.

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use toolrun_runner::artifacts::ArtifactSpec;
+use toolrun_runner::interp;
 use toolrun_runner::{Language, RunRecord, RunSetup, RunSpec, SetupFile, Verdict};
 
 use crate::approval::{ApprovalAsk, ApprovalKind};
@@ -126,7 +127,8 @@ impl SandboxPool {
         ]);
         // In a session the program works in its workspace, mounted at /workspace.
         let workspace = ctx.session.as_ref().map(|s| s.workspace_dir.clone());
-        // Artifacts: collected by the runner (the kubernetes backend does not carry them yet).
+        // Artifacts: collected by the runner. On kubernetes the operator asks for them (its
+        // `artifacts` configuration) and returns them in the ToolRun's status.
         let a = &self.config.artifacts;
         let artifacts = (a.enabled && !kubernetes).then(|| ArtifactSpec {
             dir: if workspace.is_some() {
@@ -171,6 +173,7 @@ impl SandboxPool {
             .run(
                 SandboxRun {
                     spec,
+                    language: code.language.as_str().to_string(),
                     limits: limits.clone(),
                     tool: code.tool.to_string(),
                     call_id: ctx.call_id.clone(),
@@ -335,15 +338,7 @@ struct Resolved {
     files: Vec<SetupFile>,
 }
 
-/// Where the runner writes a configured language's source and python's helper modules.
-pub const SETUP_DIR: &str = "/tmp/.toolrun";
-
-/// Debian's matplotlib data directory (under the read-only /usr, seen at the same path).
-const DEBIAN_MPL_DATA: &str = "/usr/share/matplotlib/mpl-data";
-
-/// toolrun's matplotlib backend (Agg; `show()` saves the open figures to the outputs
-/// directory as figure-N.png; `savefig()` without a file name does the same).
-pub const MPL_BACKEND: &str = include_str!("toolrun_mpl.py");
+pub use toolrun_runner::interp::{MPL_BACKEND, SETUP_DIR};
 
 fn resolve_language(
     config: &SandboxConfig,
@@ -362,29 +357,14 @@ fn resolve_language(
     match name {
         "python" => {
             let mut r = builtin(Language::Python, &i.python);
-            // On the local backend toolrun's Agg backend, whose show() returns figures as
-            // artifacts. Pods carry neither setup files nor artifacts yet and keep exactly the
-            // operator's environment: there matplotlib falls back to Agg by itself (no
-            // display, no GUI toolkit in the image) and caches under HOME=/tmp.
+            // toolrun's Agg backend, whose show() returns figures as artifacts. On
+            // kubernetes the operator adds the same (the pod's spec is built there).
             if !kubernetes {
-                r.env
-                    .insert("MPLCONFIGDIR".into(), format!("{SETUP_DIR}/matplotlib"));
-                r.env
-                    .insert("MPLBACKEND".into(), "module://toolrun_mpl".into());
-                // Debian's matplotlib looks for its matplotlibrc in /etc only, which the
-                // sandbox's synthetic /etc lacks; the same file is in its data directory.
-                if std::path::Path::new(DEBIAN_MPL_DATA)
+                let rc = std::path::Path::new(interp::DEBIAN_MPL_DATA)
                     .join("matplotlibrc")
                     .is_file()
-                {
-                    r.env.insert("MATPLOTLIBRC".into(), DEBIAN_MPL_DATA.into());
-                }
-                r.env
-                    .insert("PYTHONPATH".into(), format!("{SETUP_DIR}/python"));
-                r.files.push(SetupFile {
-                    path: format!("{SETUP_DIR}/python/toolrun_mpl.py"),
-                    content: MPL_BACKEND.into(),
-                });
+                    .then_some(interp::DEBIAN_MPL_DATA);
+                interp::python_matplotlib(&mut r.env, &mut r.files, rc);
             }
             return Ok(r);
         }
@@ -403,21 +383,23 @@ fn resolve_language(
         })));
     };
     if kubernetes {
-        return Err(ToolError::invalid_arguments(format!(
-            "language {name:?} is configured for the local backend only (the kubernetes \
-             backend runs python, javascript and bash)"
-        )));
+        // The operator resolves it from its own `languages` (the chart renders both
+        // configurations from the same values): the ToolRun names the language.
+        return Ok(Resolved {
+            language: Language::Bash,
+            interpreter: String::new(),
+            code,
+            env: BTreeMap::new(),
+            files: Vec::new(),
+        });
     }
-    let source = format!("{SETUP_DIR}/main.{}", lang.extension);
+    let (code, source) = interp::configured_program(&lang.command, &lang.extension, code);
     Ok(Resolved {
         language: Language::Bash,
         interpreter: i.bash.to_string_lossy().into_owned(),
-        code: lang.command.replace("{source}", &source),
+        code,
         env: lang.env.clone(),
-        files: vec![SetupFile {
-            path: source,
-            content: code,
-        }],
+        files: vec![source],
     })
 }
 

@@ -48,6 +48,7 @@ pub fn spec(language: Language, code: &str, timeout_ms: u64) -> SandboxRun {
         Language::Bash => BASH,
     };
     SandboxRun {
+        language: language.as_str().into(),
         spec: RunSpec {
             language,
             code: code.to_string(),

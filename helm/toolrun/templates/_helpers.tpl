@@ -40,7 +40,10 @@ runnerPath (where the image carries toolrun-runner; without it the operator copi
 runner in with an init container).
 */}}
 {{- define "toolrun.languageConfig" -}}
-{{- $c := dict "image" (include "toolrun.languageImage" .) "interpreter" .lang.interpreter -}}
+{{- $c := dict "image" (include "toolrun.languageImage" .) -}}
+{{- if .lang.interpreter -}}
+{{- $_ := set $c "interpreter" .lang.interpreter -}}
+{{- end -}}
 {{- if .lang.runnerPath -}}
 {{- $_ := set $c "runnerPath" .lang.runnerPath -}}
 {{- else if and (not .lang.image) .ctx.Values.images.sandbox.runnerPath -}}
@@ -153,4 +156,28 @@ helm template) any address on the API server's ports.
 {{- if ge (int .Values.sandbox.tmpSizeMiB) (int .Values.sandbox.defaultLimits.memoryMiB) -}}
 {{- fail (printf "sandbox.tmpSizeMiB (%d) must be below sandbox.defaultLimits.memoryMiB (%d): /tmp is in memory" (int .Values.sandbox.tmpSizeMiB) (int .Values.sandbox.defaultLimits.memoryMiB)) -}}
 {{- end -}}
+{{- end }}
+
+{{/*
+The configured languages (every `languages` entry but python, javascript and bash), as JSON:
+`operator` for the operator's `languages` (image, runner, shell, extension, command, env) and
+`gateway` for the gateway's `sandbox.languages` (extension, command, env): one list of
+names, so run_code offers exactly what the pods run.
+*/}}
+{{- define "toolrun.configuredLanguages" -}}
+{{- $operator := dict -}}
+{{- $gateway := dict -}}
+{{- range $name, $l := .Values.languages -}}
+{{- if not (has $name (list "python" "javascript" "bash")) -}}
+{{- $o := include "toolrun.languageConfig" (dict "ctx" $ "lang" $l) | fromJson -}}
+{{- $g := dict "extension" $l.extension "command" $l.command -}}
+{{- $_ := set $o "extension" $l.extension -}}
+{{- $_ := set $o "command" $l.command -}}
+{{- with $l.shell }}{{ $_ := set $o "shell" . }}{{ end -}}
+{{- with $l.env }}{{ $_ := set $o "env" . }}{{ $_ := set $g "env" . }}{{ end -}}
+{{- $_ := set $operator $name $o -}}
+{{- $_ := set $gateway $name $g -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (dict "operator" $operator "gateway" $gateway) -}}
 {{- end }}

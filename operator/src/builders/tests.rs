@@ -1,6 +1,6 @@
 use k8s_openapi::api::core::v1::{Container, Toleration};
 use serde_json::{Value, json};
-use toolrun_crd::{EnvVar, Language, Limits, ToolRunSpec};
+use toolrun_crd::{EnvVar, Limits, ToolRunSpec};
 
 use super::*;
 
@@ -13,7 +13,7 @@ fn run() -> ToolRun {
         ToolRunSpec {
             tool: "run_code".into(),
             call_id: "call 1/x".into(),
-            language: Language::Python,
+            language: "python".into(),
             code: CODE.into(),
             args: vec!["; echo ARG-MARKER".into(), "$HOME".into()],
             env: vec![
@@ -245,7 +245,7 @@ fn init_container_installs_the_runner_the_run_container_starts() {
     let mut config = config();
     config.images.bash.image = "bash:5".into();
     let mut bash = run();
-    bash.spec.language = Language::Bash;
+    bash.spec.language = "bash".into();
     let pod = super::pod(&bash, &config).unwrap();
     assert_eq!(
         pod_spec(&pod).containers[0].image.as_deref(),
@@ -289,7 +289,7 @@ fn a_language_image_with_a_runner_needs_no_init_container() {
     let mut config = runner_config();
     config.images.bash.runner_path = None;
     let mut bash = run();
-    bash.spec.language = Language::Bash;
+    bash.spec.language = "bash".into();
     let spec = pod_spec(&super::pod(&bash, &config).unwrap()).clone();
     assert_eq!(spec.init_containers.as_ref().map(Vec::len), Some(1));
     assert_eq!(
@@ -583,4 +583,62 @@ fn ttl_comes_from_the_spec_or_the_default() {
     assert_eq!(ttl_seconds_after_finished(&run, &config()), 3_600);
     run.spec.ttl_seconds_after_finished = Some(0);
     assert_eq!(ttl_seconds_after_finished(&run, &config()), 0);
+}
+
+#[test]
+fn languages_resolve_as_on_the_local_backend() {
+    let mut config = config();
+    let (_, mut ts) = crate::config::Config::from_yaml(
+        "languages:\n  typescript:\n    extension: ts\n    command: 'esbuild {source} > /tmp/.toolrun/m.js && exec node /tmp/.toolrun/m.js \"$@\"'\n    env: {NODE_OPTIONS: --no-warnings}\n",
+    )
+    .map(|c| ((), c.operator.languages))
+    .unwrap();
+    config.languages.append(&mut ts);
+    // A configured language: bash runs its command on the source file the runner writes.
+    let mut run = run();
+    run.spec.language = "typescript".into();
+    run.spec.code = "const x: number = 1; console.log(x)".into();
+    let spec = run_spec(&run, &config).unwrap();
+    assert_eq!(spec.language, toolrun_runner::Language::Bash);
+    assert_eq!(spec.interpreter, config.images.bash.interpreter);
+    assert_eq!(
+        spec.code,
+        "esbuild /tmp/.toolrun/main.ts > /tmp/.toolrun/m.js && exec node /tmp/.toolrun/m.js \"$@\""
+    );
+    assert_eq!(spec.setup.files[0].path, "/tmp/.toolrun/main.ts");
+    assert_eq!(spec.setup.files[0].content, run.spec.code);
+    assert_eq!(spec.env["NODE_OPTIONS"], "--no-warnings");
+    assert_eq!(
+        spec.env["MY_VAR"], "ENV-MARKER",
+        "the ToolRun's env still added"
+    );
+    assert_eq!(
+        pod_spec(&pod(&run, &config).unwrap()).containers[0].image,
+        Some(config.images.bash.image.clone()),
+        "the bash image by default"
+    );
+    // Python: toolrun's matplotlib backend and the outputs directory, as locally.
+    let spec = run_spec(&self::run(), &config).unwrap();
+    assert_eq!(spec.env["MPLBACKEND"], "module://toolrun_mpl");
+    assert_eq!(spec.env["TOOLRUN_OUTPUTS"], "/tmp/outputs");
+    assert!(spec.setup.files[0].path.ends_with("/toolrun_mpl.py"));
+    assert_eq!(spec.setup.artifacts, config.artifacts);
+    // Artifacts off: neither.
+    let off = OperatorConfig {
+        artifacts: None,
+        ..config.clone()
+    };
+    let spec = run_spec(&self::run(), &off).unwrap();
+    assert!(spec.setup.is_empty() && !spec.env.contains_key("MPLBACKEND"));
+    // Unknown: refused with the configured names, and no pod is built.
+    run.spec.language = "cobol".into();
+    let why = run_spec(&run, &config).unwrap_err().to_string();
+    assert_eq!(
+        why,
+        "unknown language \"cobol\"; configured languages: python, javascript, bash, typescript"
+    );
+    assert!(matches!(
+        pod(&run, &config),
+        Err(BuildError::UnknownLanguage { .. })
+    ));
 }

@@ -263,3 +263,61 @@ fn file_errors_name_the_file() {
     assert!(matches!(missing, ConfigError::Read { .. }), "{missing}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn languages_and_artifacts_are_read_and_checked() {
+    let c = Config::from_yaml(
+        "images: {bash: {image: 'bash:5', interpreter: /usr/local/bin/bash}}\n\
+         languages:\n  c: {extension: c, command: 'gcc {source} -o /tmp/p && exec /tmp/p'}\n  \
+         ts: {extension: ts, command: 'x {source}', image: 'ts:1', runnerPath: /r}\n\
+         artifacts: {maxFiles: 4}\n",
+    )
+    .unwrap()
+    .operator;
+    // A configured language takes the bash image (and its bash) unless it names its own.
+    assert_eq!(c.languages["c"].image.image, "bash:5");
+    assert_eq!(c.languages["c"].image.interpreter, "/usr/local/bin/bash");
+    assert_eq!(c.languages["ts"].image.image, "ts:1");
+    assert_eq!(c.languages["ts"].image.runner_path.as_deref(), Some("/r"));
+    let a = c.artifacts.unwrap();
+    assert_eq!((a.max_files, a.max_total_bytes), (4, 512 * 1024));
+    assert_eq!(a.dir, "/tmp/outputs");
+    assert_eq!(
+        Config::from_yaml("artifacts: null\n")
+            .unwrap()
+            .operator
+            .artifacts,
+        None
+    );
+    for (yaml, key) in [
+        (
+            "languages: {Bad: {extension: x, command: '{source}'}}\n",
+            "languages.Bad",
+        ),
+        (
+            "languages: {python: {extension: py, command: '{source}'}}\n",
+            "languages.python",
+        ),
+        (
+            "languages: {c: {extension: .c, command: '{source}'}}\n",
+            "languages.c.extension",
+        ),
+        (
+            "languages: {c: {extension: c, command: 'gcc'}}\n",
+            "languages.c.command",
+        ),
+        (
+            "languages: {c: {extension: c, command: '{source}', shell: bash}}\n",
+            "languages.c.shell",
+        ),
+        ("artifacts: {dir: /outputs}\n", "artifacts.dir"),
+        ("artifacts: {dir: /tmp/../etc}\n", "artifacts.dir"),
+        (
+            "artifacts: {maxTotalBytes: 10000000}\n",
+            "artifacts.maxTotalBytes",
+        ),
+        ("artifacts: {maxFiles: 0}\n", "artifacts.maxFiles"),
+    ] {
+        assert_eq!(key_of(&err(yaml)), key, "{yaml}");
+    }
+}

@@ -3,7 +3,7 @@ use k8s_openapi::api::core::v1::{
     ContainerStatus, PodCondition, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use toolrun_crd::{Language, ToolRunSpec};
+use toolrun_crd::ToolRunSpec;
 
 use super::*;
 
@@ -21,7 +21,7 @@ fn run() -> ToolRun {
         ToolRunSpec {
             tool: "run_code".into(),
             call_id: "call-1".into(),
-            language: Language::Python,
+            language: "python".into(),
             code: "print(1)".into(),
             args: vec![],
             env: vec![],

@@ -1547,3 +1547,240 @@ async fn gateway_reports_the_kubernetes_backend() {
         assert!(ids.contains(t), "{t} missing from {ids:?}");
     }
 }
+
+// ------------------------------------------------------------ code interpreter on pods
+
+/// The PNG's width and height (from its IHDR chunk), after checking its signature.
+fn png_size(bytes: &[u8]) -> (u32, u32) {
+    assert!(
+        bytes.len() > 24 && bytes.starts_with(b"\x89PNG\r\n\x1a\n") && &bytes[12..16] == b"IHDR",
+        "not a PNG: {:?}",
+        &bytes[..bytes.len().min(16)]
+    );
+    let be = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+    (be(&bytes[16..20]), be(&bytes[20..24]))
+}
+
+fn artifact<'a>(out: &'a Value, name: &str) -> &'a Value {
+    out["artifacts"]
+        .as_array()
+        .and_then(|a| a.iter().find(|a| a["name"] == name))
+        .unwrap_or_else(|| panic!("no artifact {name} in {out}"))
+}
+
+fn decoded(a: &Value) -> Vec<u8> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(a["content_base64"].as_str().unwrap())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_run_the_data_stack_draw_charts_and_use_dev_shm() {
+    let Some(d) = deployed("code-interpreter-data-stack") else {
+        return;
+    };
+    let pandas = run(
+        &d,
+        unique("pandas"),
+        json!({"language": "python", "timeout": 60, "code": "import numpy as np, pandas as pd\n\
+            df = pd.DataFrame({'k': np.arange(100_000) % 7, 'v': np.arange(100_000)})\n\
+            g = df.groupby('k')['v'].sum()\n\
+            print(int(g.loc[3]), len(g))"}),
+    );
+    // A saved chart and one shown: both come back as PNGs of the size asked for.
+    let chart = run(
+        &d,
+        unique("chart"),
+        json!({"language": "python", "timeout": 60, "code": "import matplotlib.pyplot as plt\n\
+            fig = plt.figure(figsize=(4, 3), dpi=50)\n\
+            plt.plot([1, 2, 3], [3, 1, 2])\n\
+            plt.savefig('/tmp/outputs/chart.png')\n\
+            plt.figure(figsize=(2, 2), dpi=40)\n\
+            plt.bar(['a', 'b'], [1, 2])\n\
+            plt.show()\n\
+            print('drawn')"}),
+    );
+    // multiprocessing needs a working /dev/shm (its semaphores live there).
+    let pool = run(
+        &d,
+        unique("pool"),
+        json!({"language": "python", "timeout": 60, "code": "from multiprocessing import Pool\n\
+            import os\n\
+            def sq(x): return x * x\n\
+            if __name__ == '__main__':\n\
+            \x20   with Pool(4) as p: print(sum(p.map(sq, range(1000))))\n\
+            \x20   st = os.statvfs('/dev/shm'); print(st.f_blocks > 0)"}),
+    );
+    let (pandas, chart, pool) = tokio::join!(pandas, chart, pool);
+    let (pandas, chart, pool) = (pandas.unwrap(), chart.unwrap(), pool.unwrap());
+
+    // 3 + 10 + ... : the multiples of 7 plus 3 below 100,000.
+    let want: i64 = (0..100_000i64).filter(|i| i % 7 == 3).sum();
+    assert_eq!(pandas.code, None, "{pandas:?}");
+    assert_eq!(pandas.stdout(), format!("{want} 7\n"));
+
+    assert_eq!(chart.code, None, "{chart:?}");
+    assert_eq!(chart.stdout(), "drawn\n");
+    let saved = artifact(&chart.out, "chart.png");
+    assert_eq!(saved["media_type"], "image/png");
+    assert_eq!(saved["truncated"], false);
+    let bytes = decoded(saved);
+    assert_eq!(saved["size"], bytes.len());
+    assert_eq!(png_size(&bytes), (200, 150));
+    let shown = artifact(&chart.out, "figure-1.png");
+    assert_eq!(png_size(&decoded(shown)), (80, 80));
+
+    assert_eq!(pool.code, None, "{pool:?}");
+    assert_eq!(pool.stdout(), "332833500\nTrue\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_languages_run_in_pods_and_unknown_ones_are_refused() {
+    let Some(d) = deployed("code-interpreter-languages") else {
+        return;
+    };
+    let ts = run(
+        &d,
+        unique("ts"),
+        json!({"language": "typescript", "timeout": 60, "args": ["x"],
+               "code": "const n: number = 6 * 7;\nconsole.log(`ts ${n} ${process.argv.slice(2)}`);"}),
+    );
+    let c = run(
+        &d,
+        unique("c"),
+        json!({"language": "c", "timeout": 60, "args": ["y"],
+               "code": "#include <stdio.h>\nint main(int argc, char **argv) { printf(\"c %d %s\\n\", 6 * 7, argv[1]); return 3; }"}),
+    );
+    let broken = run(
+        &d,
+        unique("c-broken"),
+        json!({"language": "c", "timeout": 60, "code": "int main(void) { return undeclared; }"}),
+    );
+    let unknown = run(
+        &d,
+        unique("cobol"),
+        json!({"language": "cobol", "code": "DISPLAY 'HI'."}),
+    );
+    let (ts, c, broken, unknown) = tokio::join!(ts, c, broken, unknown);
+    let (ts, c, broken, unknown) = (ts.unwrap(), c.unwrap(), broken.unwrap(), unknown.unwrap());
+    assert_eq!(ts.code, None, "{ts:?}");
+    assert_eq!(ts.stdout(), "ts 42 x\n");
+    assert_eq!(c.code, Some(pb::ErrorCode::ExecutionError), "{c:?}");
+    assert_eq!((c.stdout(), c.exit_code()), ("c 42 y\n", 3));
+    assert_eq!(
+        broken.code,
+        Some(pb::ErrorCode::ExecutionError),
+        "{broken:?}"
+    );
+    assert!(broken.stderr().contains("undeclared"), "{broken:?}");
+    // The gateway refuses an unknown language before anything is created, naming the
+    // configured ones (the chart gave the gateway and the operator the same list).
+    assert_eq!(
+        unknown.code,
+        Some(pb::ErrorCode::InvalidArguments),
+        "{unknown:?}"
+    );
+    for name in ["python", "javascript", "bash", "c", "typescript"] {
+        assert!(unknown.message.contains(name), "{unknown:?}");
+    }
+
+    // A ToolRun written by hand with a language the operator does not know fails with the
+    // reason, and no pod is made for it.
+    let name = unique("kubectl-cobol");
+    let kube = Client::try_default().await.unwrap();
+    let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let tr: ToolRun = serde_json::from_value(json!({
+        "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
+        "metadata": {"name": name, "namespace": SANDBOX_NS},
+        "spec": {"language": "cobol", "code": "DISPLAY 'HI'."}
+    }))
+    .unwrap();
+    runs.create(&PostParams::default(), &tr).await.unwrap();
+    wait_finished(&runs, &name, Duration::from_secs(60)).await;
+    let status = runs.get(&name).await.unwrap().status.unwrap();
+    assert_eq!(status.verdict, Some(toolrun_crd::Verdict::InfraError));
+    let reason = status.reason.unwrap_or_default();
+    assert!(
+        reason.contains("unknown language \"cobol\"") && reason.contains("typescript"),
+        "{reason}"
+    );
+    let pods: Api<Pod> = Api::namespaced(kube, SANDBOX_NS);
+    assert!(pods.get_opt(&name).await.unwrap().is_none());
+    // And the API server itself refuses a name that is no language name.
+    let bad: ToolRun = serde_json::from_value(json!({
+        "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
+        "metadata": {"name": unique("bad-lang"), "namespace": SANDBOX_NS},
+        "spec": {"language": "../python", "code": "print(1)"}
+    }))
+    .unwrap();
+    let err = runs.create(&PostParams::default(), &bad).await.unwrap_err();
+    assert!(format!("{err}").contains("spec.language"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pod_artifacts_are_bounded_and_never_follow_links_out() {
+    let Some(d) = deployed("code-interpreter-artifacts") else {
+        return;
+    };
+    // A symlink to /etc/passwd is not followed; the control, a copy of the same file, comes
+    // back whole (so the symlink's absence is the rule at work, not a broken collection).
+    let links = run(
+        &d,
+        unique("links"),
+        json!({"language": "bash", "code": "mkdir -p /tmp/outputs && cd /tmp/outputs && \
+            ln -s /etc/passwd passwd-link && cp /etc/passwd passwd-copy && \
+            ln -s /proc/self/root/etc root-link && mkfifo fifo && echo done"}),
+    );
+    // Past the count (16) and the per-file size (512 KiB): cut and flagged.
+    let big = run(
+        &d,
+        unique("big"),
+        json!({"language": "bash", "code": "mkdir -p /tmp/outputs && cd /tmp/outputs && \
+            head -c 600000 /dev/zero > big.bin && for i in $(seq 1 20); do echo $i > f$i.txt; done"}),
+    );
+    let (links, big) = tokio::join!(links, big);
+    let (links, big) = (links.unwrap(), big.unwrap());
+    assert_eq!(links.code, None, "{links:?}");
+    let copy = artifact(&links.out, "passwd-copy");
+    assert!(String::from_utf8(decoded(copy)).unwrap().contains("root:"));
+    let names: Vec<&str> = links.out["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["passwd-copy"], "{}", links.out);
+    let omitted = links.out["artifacts_omitted"].to_string();
+    for (name, why) in [
+        ("passwd-link", "a symlink (not followed)"),
+        ("root-link", "a symlink (not followed)"),
+        ("fifo", "FIFO"),
+    ] {
+        assert!(
+            omitted.contains(name) && omitted.contains(why),
+            "{name}: {why} not in {omitted}"
+        );
+    }
+
+    assert_eq!(big.code, None, "{big:?}");
+    assert_eq!(big.out["artifacts_truncated"], true, "{}", big.out);
+    let bin = artifact(&big.out, "big.bin");
+    assert_eq!(bin["size"], 600_000);
+    assert_eq!(bin["truncated"], true);
+    let total: usize = big.out["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| decoded(a).len())
+        .sum();
+    assert!(total <= 512 * 1024, "{total} bytes returned");
+    assert_eq!(big.out["artifacts"].as_array().unwrap().len(), 16);
+    assert!(
+        big.out["artifacts_omitted"]
+            .to_string()
+            .contains("count limit"),
+        "{}",
+        big.out
+    );
+}

@@ -8,6 +8,7 @@ use toolrun_crd::{
     EnvVar, Limits, MAX_CODE_CHARS, MAX_OUTPUT_BYTES, MAX_STDIN_CHARS, Phase, ToolRun, ToolRunSpec,
     ToolRunStatus, labels,
 };
+use toolrun_runner::artifacts::{Artifacts, Omitted};
 use toolrun_runner::{PROTOCOL_VERSION, RunRecord, Verdict};
 
 use crate::config::KubernetesConfig;
@@ -140,7 +141,7 @@ pub fn tool_run(
         spec: ToolRunSpec {
             tool,
             call_id,
-            language: spec.language.into(),
+            language: run.language.clone(),
             code,
             args: spec.args.clone(),
             env,
@@ -193,7 +194,21 @@ pub fn record_from_status(status: &ToolRunStatus) -> Option<RunRecord> {
         timed_out: verdict == Verdict::Timeout,
         duration_ms: status.duration_ms.unwrap_or(0),
         message: status.reason.clone().unwrap_or_default(),
-        artifacts: None,
+        artifacts: (!status.artifacts.is_empty() || !status.artifacts_omitted.is_empty()).then(
+            || Artifacts {
+                files: status.artifacts.iter().cloned().map(Into::into).collect(),
+                omitted: status
+                    .artifacts_omitted
+                    .iter()
+                    .map(|o| Omitted {
+                        name: o.name.clone(),
+                        reason: o.reason.clone(),
+                    })
+                    .collect(),
+                truncated: status.artifacts_truncated,
+                error: String::new(),
+            },
+        ),
     })
 }
 
@@ -245,6 +260,7 @@ mod tests {
             .collect();
         env.insert("MY_VAR".into(), "x".into());
         SandboxRun {
+            language: "bash".into(),
             spec: RunSpec {
                 language: Language::Bash,
                 code: code.into(),
@@ -286,7 +302,7 @@ mod tests {
         let s = tr.spec;
         assert_eq!(s.tool, "code_executor");
         assert_eq!(s.call_id, "call 1");
-        assert_eq!(s.language, toolrun_crd::Language::Bash);
+        assert_eq!(s.language, "bash");
         assert_eq!(s.code, "echo hi");
         assert_eq!(s.args, ["a", "b c"]);
         assert_eq!(s.stdin, "in");
@@ -407,5 +423,24 @@ mod tests {
         assert_eq!(infra.verdict, Verdict::InfraError);
         assert_eq!(infra.exit_code, -1);
         assert_eq!(infra.message, "image not found");
+        assert_eq!(infra.artifacts, None);
+        // Artifacts in the status come back as the runner collected them.
+        st.artifacts = vec![toolrun_crd::Artifact {
+            name: "figure-1.png".into(),
+            size: 3,
+            media_type: "image/png".into(),
+            content_base64: "AAAA".into(),
+            truncated: false,
+        }];
+        st.artifacts_omitted = vec![toolrun_crd::OmittedArtifact {
+            name: "link".into(),
+            reason: "a symlink (not followed)".into(),
+        }];
+        st.artifacts_truncated = true;
+        let a = record_from_status(&st).unwrap().artifacts.unwrap();
+        assert_eq!(a.files[0].name, "figure-1.png");
+        assert_eq!(a.files[0].content_base64, "AAAA");
+        assert_eq!(a.omitted[0].reason, "a symlink (not followed)");
+        assert!(a.truncated);
     }
 }

@@ -211,6 +211,7 @@ fn info(config: &KubernetesConfig) -> SandboxInfo {
 fn probe_run() -> SandboxRun {
     let limits = crate::config::Limits::default();
     SandboxRun {
+        language: "python".into(),
         spec: toolrun_runner::RunSpec {
             language: toolrun_runner::Language::Python,
             code: "pass".into(),

@@ -158,7 +158,7 @@ mod tests {
             ToolRunSpec {
                 tool: "run_code".into(),
                 call_id: "c".into(),
-                language: toolrun_crd::Language::Python,
+                language: "python".into(),
                 code: "pass".into(),
                 args: Vec::new(),
                 env: Vec::new(),

@@ -414,8 +414,8 @@ pub struct LanguageConfig {
     /// Extra environment of the program.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// The container image of this language on the kubernetes backend (the operator's
-    /// `languages` must name it too).
+    /// Informational: on the kubernetes backend the operator's `languages` (rendered by the
+    /// chart from the same values) decide the image and command.
     #[serde(default)]
     pub image: Option<String>,
     /// A small program /readyz's probe runs once at start (default: the empty program; a

@@ -461,6 +461,71 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
     })
 }
 
+/// Name of the container whose PID 1 is the agent in an agent pod.
+pub const AGENT_CONTAINER: &str = "agent";
+
+/// A sandbox pod whose PID 1 is the in-pod agent (`toolrun-runner agent`), waiting for
+/// requests on its attach stream (`stdin: true, stdinOnce: false`): a warm pod, or a
+/// session's. Built from a run's pod of `language` with the default limits, so the lockdown
+/// (uid, read-only root, no capabilities, seccomp, no token, no service links, the deny-all
+/// policy's label, DNS to loopback) is defined once; without the spec ConfigMap and the
+/// active deadline: no per-run data is ever in an agent pod's spec, env or annotations.
+/// `uid` is the pod's own (see [`sandbox_uid`]).
+pub fn agent_pod(
+    name: &str,
+    language: &str,
+    labels: BTreeMap<String, String>,
+    config: &OperatorConfig,
+) -> Result<Pod, BuildError> {
+    let mut run = ToolRun::new(
+        name,
+        toolrun_crd::ToolRunSpec {
+            tool: "agent".into(),
+            call_id: String::new(),
+            language: language.into(),
+            code: "\n".into(),
+            args: Vec::new(),
+            env: Vec::new(),
+            stdin: String::new(),
+            limits: Limits::default(),
+            ttl_seconds_after_finished: None,
+            runtime_class_name: None,
+            cancel: false,
+        },
+    );
+    run.metadata.namespace = Some(config.namespace.clone());
+    // The uid is derived from this: a fresh one per pod.
+    run.metadata.uid = Some(format!("agent-{name}"));
+    let mut pod = pod(&run, config)?;
+    let mut all_labels = labels;
+    all_labels.insert(
+        labels::SANDBOX.to_string(),
+        labels::SANDBOX_VALUE.to_string(),
+    );
+    all_labels.insert(
+        labels::MANAGED_BY.to_string(),
+        labels::MANAGED_BY_VALUE.to_string(),
+    );
+    pod.metadata.labels = Some(all_labels);
+    pod.metadata.owner_references = None;
+    let spec = pod.spec.as_mut().expect("pod() sets the spec");
+    spec.active_deadline_seconds = None;
+    if let Some(volumes) = spec.volumes.as_mut() {
+        volumes.retain(|v| v.name != "spec");
+    }
+    let c = &mut spec.containers[0];
+    c.name = AGENT_CONTAINER.into();
+    let runner = c.command.as_ref().expect("pod() sets the command")[0].clone();
+    c.command = Some(vec![runner, "agent".into()]);
+    c.stdin = Some(true);
+    c.stdin_once = Some(false);
+    c.tty = Some(false);
+    if let Some(mounts) = c.volume_mounts.as_mut() {
+        mounts.retain(|m| m.name != "spec");
+    }
+    Ok(pod)
+}
+
 /// Requests equal to limits for cpu, memory and ephemeral storage.
 fn resources(limits: ResolvedLimits, config: &OperatorConfig) -> ResourceRequirements {
     let amounts = BTreeMap::from([

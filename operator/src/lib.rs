@@ -22,6 +22,7 @@ pub mod leader;
 pub mod metrics;
 pub mod ratelimit;
 pub mod record;
+pub mod relay;
 pub mod status;
 
 use std::future::Future;

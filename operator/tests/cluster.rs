@@ -1034,3 +1034,165 @@ async fn a_replica_that_loses_the_lease_stops_reconciling() {
     })
     .await;
 }
+
+// ------------------------------------------------------------------- the in-pod agent
+
+/// A run of `code` in bash, as the operator asks the agent for it.
+fn agent_run(id: &str, code: &str) -> toolrun_runner::agent::proto::Request {
+    use toolrun_runner::agent::proto::{Op, Request};
+    let config = test_config("x").operator;
+    let mut spec = toolrun_operator::builders::run_spec(
+        &toolrun("agent-run", "bash", code, json!({})).unwrap(),
+        &config,
+    )
+    .unwrap();
+    spec.setup = Default::default();
+    Request {
+        id: id.into(),
+        op: Op::Run {
+            spec: Box::new(spec),
+        },
+    }
+}
+
+#[tokio::test]
+async fn the_agent_answers_over_attach_and_a_dropped_stream_loses_nothing() {
+    use toolrun_operator::builders::{AGENT_CONTAINER, agent_pod, network_policy};
+    use toolrun_operator::relay::Agent;
+    use toolrun_runner::agent::proto::{Body, Op, Request};
+    with_ns("op-agent", |ns| async move {
+        let config = test_config(&ns.name).operator;
+        // The deny-all policy first: the agent refuses to run programs while the API
+        // server is reachable.
+        ns.api::<k8s_openapi::api::networking::v1::NetworkPolicy>()
+            .create(&PostParams::default(), &network_policy(&ns.name))
+            .await?;
+        let pods = ns.api::<Pod>();
+        let pod = agent_pod("agent-1", "bash", Default::default(), &config)?;
+        pods.create(&PostParams::default(), &pod).await?;
+        wait_until(RUN_DEADLINE, "the agent pod running", || async {
+            Ok(pods
+                .get("agent-1")
+                .await?
+                .status
+                .and_then(|s| s.phase)
+                .as_deref()
+                == Some("Running"))
+        })
+        .await?;
+
+        let mut agent = Agent::attach(pods.clone(), "agent-1", AGENT_CONTAINER).await?;
+        let hello = agent
+            .call(
+                Request {
+                    id: "hello-1".into(),
+                    op: Op::Hello,
+                },
+                |_| {},
+            )
+            .await?;
+        ensure!(matches!(hello.body, Body::Ok { .. }), "{hello:?}");
+
+        // A run, its output streamed, then its record.
+        let mut streamed = String::new();
+        let done = agent
+            .call(agent_run("run-1", "echo one; echo two >&2; exit 3"), |r| {
+                if let Body::Stdout { data } = &r.body {
+                    streamed.push_str(data);
+                }
+            })
+            .await?;
+        let Body::Result(record) = done.body else {
+            bail!("not a result: {done:?}");
+        };
+        ensure!(
+            record.stdout == "one\n" && record.stderr == "two\n",
+            "{record:?}"
+        );
+        ensure!(record.exit_code == 3, "{record:?}");
+        ensure!(streamed == "one\n", "streamed {streamed:?}");
+
+        // The operator's stream drops mid-run (its process dies): a new attach sends the same
+        // request again and gets every event exactly once and the one execution's record.
+        let code = "for i in 1 2 3 4 5 6; do echo line-$i; sleep 0.5; done; date +%s%N";
+        let mut first = Agent::attach(pods.clone(), "agent-1", AGENT_CONTAINER).await?;
+        let mut before = String::new();
+        let cut = tokio::time::timeout(
+            Duration::from_millis(1500),
+            first.call(agent_run("run-2", code), |r| {
+                if let Body::Stdout { data } = &r.body {
+                    before.push_str(data);
+                }
+            }),
+        )
+        .await;
+        ensure!(cut.is_err(), "the run should still be going: {cut:?}");
+        drop(first);
+        ensure!(
+            before.starts_with("line-1\n"),
+            "before the drop: {before:?}"
+        );
+        let mut second = Agent::attach(pods.clone(), "agent-1", AGENT_CONTAINER).await?;
+        let mut after = String::new();
+        let done = second
+            .call(agent_run("run-2", code), |r| {
+                if let Body::Stdout { data } = &r.body {
+                    after.push_str(data);
+                }
+            })
+            .await?;
+        let Body::Result(record) = done.body else {
+            bail!("not a result: {done:?}");
+        };
+        let lines: Vec<&str> = record.stdout.lines().collect();
+        ensure!(lines.len() == 7, "one execution: {:?}", record.stdout);
+        ensure!(lines[..6] == ["line-1", "line-2", "line-3", "line-4", "line-5", "line-6"]);
+        // The second client saw the whole stream once (replayed, then live).
+        ensure!(
+            after == record.stdout,
+            "streamed {after:?} vs {:?}",
+            record.stdout
+        );
+        // Asked again after it finished: the stored record, not a second run (same stamp).
+        let again = second.call(agent_run("run-2", code), |_| {}).await?;
+        let Body::Result(again) = again.body else {
+            bail!("not a result: {again:?}");
+        };
+        ensure!(
+            again.stdout == record.stdout,
+            "ran twice: {:?}",
+            again.stdout
+        );
+        second.ack(vec!["run-2".into()]).await?;
+
+        // The stream dropped inside one client: it reattaches and finishes the call.
+        second.drop_stream();
+        let done = second
+            .call(agent_run("run-3", "echo after-reattach"), |_| {})
+            .await?;
+        let Body::Result(record) = done.body else {
+            bail!("not a result: {done:?}");
+        };
+        ensure!(record.stdout == "after-reattach\n", "{record:?}");
+
+        // The pod gone: a typed error within the retry budget, not a hang.
+        pods.delete("agent-1", &DeleteParams::default().grace_period(0))
+            .await?;
+        gone(&pods, "agent-1", "the agent pod deleted").await?;
+        second.drop_stream();
+        second.max_attempts = 2;
+        let err = tokio::time::timeout(
+            Duration::from_secs(30),
+            second.call(agent_run("run-4", "echo x"), |_| {}),
+        )
+        .await
+        .map_err(|_| anyhow!("no answer within 30 s for a deleted pod"))?
+        .unwrap_err();
+        ensure!(
+            err.to_string().contains("unreachable after 2 attempts"),
+            "{err}"
+        );
+        Ok(())
+    })
+    .await;
+}

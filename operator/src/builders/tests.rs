@@ -642,3 +642,72 @@ fn languages_resolve_as_on_the_local_backend() {
         Err(BuildError::UnknownLanguage { .. })
     ));
 }
+
+#[test]
+fn an_agent_pod_is_a_run_pod_without_per_run_data() {
+    let config = runner_config();
+    let labels = BTreeMap::from([("toolrun.dev/warm".to_string(), "python".to_string())]);
+    let agent = agent_pod("warm-1", "python", labels, &config).unwrap();
+    let run_pod = pod(&run(), &config).unwrap();
+    let (a, r) = (pod_spec(&agent), pod_spec(&run_pod));
+    // The lockdown is the run pod's, field for field.
+    assert_eq!(
+        a.security_context.as_ref().unwrap().run_as_non_root,
+        Some(true)
+    );
+    assert_eq!(a.automount_service_account_token, Some(false));
+    assert_eq!(a.enable_service_links, r.enable_service_links);
+    assert_eq!(a.dns_config, r.dns_config);
+    assert_eq!(a.host_users, r.host_users);
+    let (ac, rc) = (&a.containers[0], &r.containers[0]);
+    let (mut asc, rsc) = (
+        ac.security_context.clone().unwrap(),
+        rc.security_context.clone().unwrap(),
+    );
+    assert_ne!(asc.run_as_user, rsc.run_as_user, "a uid of its own");
+    asc.run_as_user = rsc.run_as_user;
+    asc.run_as_group = rsc.run_as_group;
+    assert_eq!(asc, rsc);
+    assert_eq!(ac.image, rc.image);
+    // The default limits, requests = limits (Guaranteed).
+    let res = ac.resources.as_ref().unwrap();
+    assert_eq!(res.requests, res.limits);
+    assert_eq!(res.limits.as_ref().unwrap()["memory"].0, "256Mi");
+    // PID 1 is the agent, reading its attach stream; nothing of a run is in the spec.
+    assert_eq!(ac.name, AGENT_CONTAINER);
+    assert_eq!(
+        ac.command.as_deref().unwrap(),
+        [crate::config::SANDBOX_IMAGE_RUNNER, "agent"]
+    );
+    assert_eq!(
+        (ac.stdin, ac.stdin_once, ac.tty),
+        (Some(true), Some(false), Some(false))
+    );
+    assert!(ac.env.is_none() && ac.args.is_none());
+    assert_eq!(a.active_deadline_seconds, None);
+    assert!(
+        a.volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .all(|v| v.config_map.is_none())
+    );
+    let text = serde_json::to_string(&agent).unwrap();
+    for marker in [
+        "CODE-MARKER",
+        "ARG-MARKER",
+        "ENV-MARKER",
+        "STDIN-MARKER",
+        "spec.json",
+    ] {
+        assert!(!text.contains(marker), "{marker} in {text}");
+    }
+    let labels = agent.metadata.labels.unwrap();
+    assert_eq!(
+        labels[labels::SANDBOX],
+        labels::SANDBOX_VALUE,
+        "the deny-all policy selects it"
+    );
+    assert_eq!(labels["toolrun.dev/warm"], "python");
+    assert!(agent.metadata.owner_references.is_none());
+}

@@ -1081,7 +1081,9 @@ async fn the_agent_answers_over_attach_and_a_dropped_stream_loses_nothing() {
         })
         .await?;
 
+        let t = Instant::now();
         let mut agent = Agent::attach(pods.clone(), "agent-1", AGENT_CONTAINER).await?;
+        eprintln!("attach: {:?}", t.elapsed());
         let hello = agent
             .call(
                 Request {
@@ -1092,6 +1094,20 @@ async fn the_agent_answers_over_attach_and_a_dropped_stream_loses_nothing() {
             )
             .await?;
         ensure!(matches!(hello.body, Body::Ok { .. }), "{hello:?}");
+        // Figures for the README (printed, not asserted): a run through the agent.
+        let mut times = Vec::new();
+        for i in 0..10 {
+            let t = Instant::now();
+            agent
+                .call(agent_run(&format!("warm-{i}"), "echo 1"), |_| {})
+                .await?;
+            times.push(t.elapsed());
+        }
+        times.sort();
+        eprintln!(
+            "run echo 1 through the agent: p50 {:?}, max {:?}",
+            times[5], times[9]
+        );
 
         // A run, its output streamed, then its record.
         let mut streamed = String::new();

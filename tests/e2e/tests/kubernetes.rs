@@ -1565,7 +1565,15 @@ fn artifact<'a>(out: &'a Value, name: &str) -> &'a Value {
     out["artifacts"]
         .as_array()
         .and_then(|a| a.iter().find(|a| a["name"] == name))
-        .unwrap_or_else(|| panic!("no artifact {name} in {out}"))
+        .unwrap_or_else(|| {
+            let names: Vec<&Value> = out["artifacts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|a| &a["name"])
+                .collect();
+            panic!("no artifact {name} among {names:?}")
+        })
 }
 
 fn decoded(a: &Value) -> Vec<u8> {
@@ -1583,7 +1591,7 @@ async fn pods_run_the_data_stack_draw_charts_and_use_dev_shm() {
     let pandas = run(
         &d,
         unique("pandas"),
-        json!({"language": "python", "timeout": 60, "code": "import numpy as np, pandas as pd\n\
+        json!({"language": "python", "timeout": 30, "code": "import numpy as np, pandas as pd\n\
             df = pd.DataFrame({'k': np.arange(100_000) % 7, 'v': np.arange(100_000)})\n\
             g = df.groupby('k')['v'].sum()\n\
             print(int(g.loc[3]), len(g))"}),
@@ -1592,7 +1600,7 @@ async fn pods_run_the_data_stack_draw_charts_and_use_dev_shm() {
     let chart = run(
         &d,
         unique("chart"),
-        json!({"language": "python", "timeout": 60, "code": "import matplotlib.pyplot as plt\n\
+        json!({"language": "python", "timeout": 30, "code": "import matplotlib.pyplot as plt\n\
             fig = plt.figure(figsize=(4, 3), dpi=50)\n\
             plt.plot([1, 2, 3], [3, 1, 2])\n\
             plt.savefig('/tmp/outputs/chart.png')\n\
@@ -1605,7 +1613,7 @@ async fn pods_run_the_data_stack_draw_charts_and_use_dev_shm() {
     let pool = run(
         &d,
         unique("pool"),
-        json!({"language": "python", "timeout": 60, "code": "from multiprocessing import Pool\n\
+        json!({"language": "python", "timeout": 30, "code": "from multiprocessing import Pool\n\
             import os\n\
             def sq(x): return x * x\n\
             if __name__ == '__main__':\n\
@@ -1628,7 +1636,10 @@ async fn pods_run_the_data_stack_draw_charts_and_use_dev_shm() {
     let bytes = decoded(saved);
     assert_eq!(saved["size"], bytes.len());
     assert_eq!(png_size(&bytes), (200, 150));
+    // show() saves every open figure, in order.
     let shown = artifact(&chart.out, "figure-1.png");
+    assert_eq!(png_size(&decoded(shown)), (200, 150));
+    let shown = artifact(&chart.out, "figure-2.png");
     assert_eq!(png_size(&decoded(shown)), (80, 80));
 
     assert_eq!(pool.code, None, "{pool:?}");
@@ -1643,19 +1654,19 @@ async fn configured_languages_run_in_pods_and_unknown_ones_are_refused() {
     let ts = run(
         &d,
         unique("ts"),
-        json!({"language": "typescript", "timeout": 60, "args": ["x"],
+        json!({"language": "typescript", "timeout": 30, "args": ["x"],
                "code": "const n: number = 6 * 7;\nconsole.log(`ts ${n} ${process.argv.slice(2)}`);"}),
     );
     let c = run(
         &d,
         unique("c"),
-        json!({"language": "c", "timeout": 60, "args": ["y"],
+        json!({"language": "c", "timeout": 30, "args": ["y"],
                "code": "#include <stdio.h>\nint main(int argc, char **argv) { printf(\"c %d %s\\n\", 6 * 7, argv[1]); return 3; }"}),
     );
     let broken = run(
         &d,
         unique("c-broken"),
-        json!({"language": "c", "timeout": 60, "code": "int main(void) { return undeclared; }"}),
+        json!({"language": "c", "timeout": 30, "code": "int main(void) { return undeclared; }"}),
     );
     let unknown = run(
         &d,
@@ -1732,15 +1743,20 @@ async fn pod_artifacts_are_bounded_and_never_follow_links_out() {
             ln -s /etc/passwd passwd-link && cp /etc/passwd passwd-copy && \
             ln -s /proc/self/root/etc root-link && mkfifo fifo && echo done"}),
     );
-    // Past the count (16) and the per-file size (512 KiB): cut and flagged.
+    // Past the per-file size (512 KiB): cut and flagged.
     let big = run(
         &d,
         unique("big"),
-        json!({"language": "bash", "code": "mkdir -p /tmp/outputs && cd /tmp/outputs && \
-            head -c 600000 /dev/zero > big.bin && for i in $(seq 1 20); do echo $i > f$i.txt; done"}),
+        json!({"language": "bash", "code": "mkdir -p /tmp/outputs && head -c 600000 /dev/zero > /tmp/outputs/big.bin"}),
     );
-    let (links, big) = tokio::join!(links, big);
-    let (links, big) = (links.unwrap(), big.unwrap());
+    // Past the count (16): the rest named as omitted.
+    let many = run(
+        &d,
+        unique("many"),
+        json!({"language": "bash", "code": "mkdir -p /tmp/outputs && cd /tmp/outputs && for i in $(seq 10 29); do echo $i > f$i.txt; done"}),
+    );
+    let (links, big, many) = tokio::join!(links, big, many);
+    let (links, big, many) = (links.unwrap(), big.unwrap(), many.unwrap());
     assert_eq!(links.code, None, "{links:?}");
     let copy = artifact(&links.out, "passwd-copy");
     assert!(String::from_utf8(decoded(copy)).unwrap().contains("root:"));
@@ -1763,24 +1779,25 @@ async fn pod_artifacts_are_bounded_and_never_follow_links_out() {
         );
     }
 
-    assert_eq!(big.code, None, "{big:?}");
-    assert_eq!(big.out["artifacts_truncated"], true, "{}", big.out);
+    assert_eq!(big.code, None, "{}", big.message);
     let bin = artifact(&big.out, "big.bin");
     assert_eq!(bin["size"], 600_000);
     assert_eq!(bin["truncated"], true);
-    let total: usize = big.out["artifacts"]
+    assert_eq!(decoded(bin).len(), 512 * 1024);
+
+    assert_eq!(many.code, None, "{many:?}");
+    assert_eq!(many.out["artifacts_truncated"], true, "{}", many.out);
+    let names: Vec<&str> = many.out["artifacts"]
         .as_array()
         .unwrap()
         .iter()
-        .map(|a| decoded(a).len())
-        .sum();
-    assert!(total <= 512 * 1024, "{total} bytes returned");
-    assert_eq!(big.out["artifacts"].as_array().unwrap().len(), 16);
+        .map(|a| a["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names.len(), 16, "{names:?}");
+    assert_eq!((names[0], names[15]), ("f10.txt", "f25.txt"));
+    let omitted = many.out["artifacts_omitted"].to_string();
     assert!(
-        big.out["artifacts_omitted"]
-            .to_string()
-            .contains("count limit"),
-        "{}",
-        big.out
+        omitted.contains("f29.txt") && omitted.contains("count limit"),
+        "{omitted}"
     );
 }

@@ -1438,10 +1438,13 @@ print('uid', os.getuid(), os.geteuid())
     // Only fds 0-2 (plus the one listdir itself opens).
     let fds = out.lines().find(|l| l.starts_with("fds")).unwrap();
     assert!(fds == "fds [0, 1, 2, 3]", "{fds}");
-    // Exactly the operator's base environment: nothing of the gateway, operator or node.
+    // Exactly the operator's base environment and python's code-interpreter variables (the
+    // matplotlib backend, the outputs directory): nothing of the gateway, operator or node.
     let env = out.lines().find(|l| l.starts_with("env [")).unwrap();
     assert_eq!(
-        env, "env ['HOME', 'LANG', 'PATH', 'PYTHONDONTWRITEBYTECODE']",
+        env,
+        "env ['HOME', 'LANG', 'MATPLOTLIBRC', 'MPLBACKEND', 'MPLCONFIGDIR', 'PATH', \
+         'PYTHONDONTWRITEBYTECODE', 'PYTHONPATH', 'TOOLRUN_OUTPUTS']",
         "environment leak"
     );
 

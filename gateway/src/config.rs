@@ -61,6 +61,8 @@ pub struct Config {
     pub sessions: SessionsConfig,
     /// The MCP (and HTTP) listener.
     pub mcp: McpConfig,
+    /// API keys and tenants.
+    pub auth: crate::auth::AuthConfig,
 }
 
 /// Settings of the MCP listener (`mcp`): which `Host` and `Origin` headers it accepts, on
@@ -695,6 +697,8 @@ impl Config {
         self.sandbox.limits.validate("sandbox.limits")?;
         self.sandbox.kubernetes.validate("sandbox.kubernetes")?;
         self.sessions.validate()?;
+        self.auth
+            .validate(&self.sessions, self.sandbox.max_concurrent_runs)?;
         if self.sandbox.max_concurrent_runs == Some(0) {
             return Err(ConfigError::Invalid {
                 key: "sandbox.max_concurrent_runs".into(),

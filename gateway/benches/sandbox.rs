@@ -37,6 +37,7 @@ fn print_one() -> SandboxRun {
         limits,
         tool: "run_code".into(),
         call_id: "bench".into(),
+        tenant: String::new(),
         workspace: None,
     }
 }

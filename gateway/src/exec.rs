@@ -1,6 +1,10 @@
-//! The per-call flow (DESIGN.md "Execution flow"): look up -> capability check -> validate
-//! arguments -> execute with timeout -> validate and normalise output -> hash -> audit ->
-//! result. Every failure becomes a typed result; nothing here returns an RPC error.
+//! The per-call flow (DESIGN.md "Execution flow", seed 003): look up -> the tenant's
+//! allowed tools and capability check -> resource check (the tenant's calls per minute)
+//! -> validate arguments -> session (the tenant's own) and approval -> the tenant's
+//! sandboxed-run slot -> execute with timeout -> validate and normalise output -> hash ->
+//! audit (with the tenant) -> result. Every failure becomes a typed result; nothing here
+//! returns an RPC error. The caller's tenant comes in [`CallRequest::tenant`], resolved
+//! once per request by the front door's auth layer ([`crate::auth`]).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -13,6 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::{ApprovalInfo, Approvals, DecideError, Decision, WaitOutcome};
+use crate::auth::{LimitError, Tenant};
 use crate::canonical::{blake3_hex, canonical_with_hash};
 use crate::config::ApprovalMode;
 use crate::error::{ErrorCode, ToolError};
@@ -49,6 +54,15 @@ pub struct CallRequest {
     pub timeout_ms: u32,
     /// Caller's session.
     pub session_id: String,
+    /// The caller's tenant (`None`: the anonymous tenant of a gateway without keys).
+    pub tenant: Option<Arc<Tenant>>,
+}
+
+impl CallRequest {
+    /// The caller's tenant.
+    pub fn tenant(&self) -> Arc<Tenant> {
+        self.tenant.clone().unwrap_or_else(Tenant::anonymous)
+    }
 }
 
 /// One call's result.
@@ -245,6 +259,7 @@ impl Executor {
     /// them again, and asks anew if they need a stronger approval.
     pub fn decide(
         &self,
+        tenant: &Tenant,
         approval_id: &str,
         approve: bool,
         arguments_json: &str,
@@ -256,7 +271,7 @@ impl Executor {
             } else {
                 let info = self
                     .approvals
-                    .get(approval_id)
+                    .get(approval_id, &tenant.name)
                     .ok_or_else(|| DecideError::NotFound(approval_id.to_string()))?;
                 let args = parse_arguments(arguments_json)
                     .map_err(|e| DecideFailure::InvalidArguments(e.message))?;
@@ -275,7 +290,7 @@ impl Executor {
                 message: message.to_string(),
             }
         };
-        Ok(self.approvals.decide(approval_id, decision)?)
+        Ok(self.approvals.decide(approval_id, &tenant.name, decision)?)
     }
 
     /// Gives sandboxed tools `start_allowance` more before the executor gives up on
@@ -311,12 +326,24 @@ impl Executor {
         };
         let call_id = call_id.as_str();
         let args_hash = blake3_hex(req.arguments_json.as_bytes());
+        let tenant = req.tenant();
         let (tool, result) = match self.registry.get(&req.tool) {
-            None => (req.tool.clone(), Err(self.unknown_tool(&req.tool))),
+            None => (req.tool.clone(), Err(self.unknown_tool(&req.tool, &tenant))),
+            Some(entry) if !tenant.may_use(entry.id()) => (
+                entry.id().to_string(),
+                Err(ToolError::new(
+                    ErrorCode::Forbidden,
+                    format!(
+                        "tenant {:?} may not use tool {:?} (auth.tenants.*.tools)",
+                        tenant.display_name(),
+                        entry.id()
+                    ),
+                )),
+            ),
             Some(entry) => {
                 let entry = entry.clone();
                 let result = self
-                    .run_entry(&entry, &req, call_id, start, stream, cancel)
+                    .run_entry(&entry, &req, &tenant, call_id, start, stream, cancel)
                     .await;
                 (entry.id().to_string(), result)
             }
@@ -338,6 +365,7 @@ impl Executor {
         let code = error.as_ref().map_or("OK", |e| e.code.as_str());
         tracing::info!(
             target: "toolrun::audit",
+            tenant = %tenant.display_name(),
             tool = %tool,
             call_id = %call_id,
             session_id = %req.session_id,
@@ -368,8 +396,13 @@ impl Executor {
         }
     }
 
-    fn unknown_tool(&self, name: &str) -> ToolError {
-        let known: Vec<&str> = self.registry.enabled().map(|e| e.id()).collect();
+    fn unknown_tool(&self, name: &str, tenant: &Tenant) -> ToolError {
+        let known: Vec<&str> = self
+            .registry
+            .enabled()
+            .map(|e| e.id())
+            .filter(|id| tenant.may_use(id))
+            .collect();
         ToolError::new(
             ErrorCode::UnknownTool,
             format!("unknown tool {name:?}; available: {}", known.join(", ")),
@@ -377,10 +410,12 @@ impl Executor {
         .with_details(json!({ "available": known }))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn run_entry(
         &self,
         entry: &Arc<Entry>,
         req: &CallRequest,
+        tenant: &Tenant,
         call_id: &str,
         start: Instant,
         stream: Option<mpsc::Sender<StreamChunk>>,
@@ -393,13 +428,20 @@ impl Executor {
                 format!("tool {:?} is disabled by configuration", meta.id),
             ));
         }
-        // Callers hold no capabilities yet, so a tool that requires any is refused.
-        if let Some(cap) = meta.required_capabilities.first() {
+        // Seed 003: the capability check, then the resource check, before anything runs
+        // (both refusals are audited as every outcome is, by `call`).
+        if let Some(cap) = tenant.missing_capability(meta.required_capabilities) {
             return Err(ToolError::new(
                 ErrorCode::PermissionDenied,
-                format!("tool {:?} requires capability {cap:?}", meta.id),
-            ));
+                format!(
+                    "tool {:?} requires capability {cap:?}, which tenant {:?} does not hold",
+                    meta.id,
+                    tenant.display_name()
+                ),
+            )
+            .with_details(json!({ "capability": cap, "tenant": tenant.display_name() })));
         }
+        tenant.admit_call().map_err(limit_error)?;
         let mut args = parse_arguments(&req.arguments_json)?;
         validate(&entry.validator, &args)?;
 
@@ -407,7 +449,7 @@ impl Executor {
         // the session cancels the call.
         let session = match req.session_id.as_str() {
             "" => None,
-            id => Some(self.session(id)?),
+            id => Some(self.session(id, &tenant.name)?),
         };
         let _in_session = session.as_ref().map(|s| s.begin_call());
         let cancel = match &session {
@@ -437,6 +479,7 @@ impl Executor {
             cancel: cancel.clone(),
             stream,
             session: session.clone(),
+            tenant: tenant.name.clone(),
         };
         let approved = match &session {
             Some(s) => {
@@ -467,6 +510,12 @@ impl Executor {
             timeout + self.sandbox_grace
         } else {
             timeout
+        };
+        // The tenant's own bound on sandboxed runs, held while the tool runs.
+        let _run_slot = if meta.sandbox_required {
+            tenant.begin_run().map_err(limit_error)?
+        } else {
+            None
         };
         let fut = AssertUnwindSafe(entry.tool.call(args, &ctx)).catch_unwind();
         let result = tokio::select! {
@@ -518,14 +567,14 @@ impl Executor {
         Ok(value)
     }
 
-    fn session(&self, id: &str) -> Result<Arc<crate::session::Session>, ToolError> {
+    fn session(&self, id: &str, tenant: &str) -> Result<Arc<crate::session::Session>, ToolError> {
         let Some(mgr) = &self.sessions else {
             return Err(ToolError::new(
                 ErrorCode::SessionNotFound,
                 format!("no session {id:?}: this gateway serves no sessions"),
             ));
         };
-        mgr.get(id).map_err(|e| match e {
+        mgr.get(id, tenant).map_err(|e| match e {
             SessionError::NotFound(_) => ToolError::new(ErrorCode::SessionNotFound, e.to_string()),
             other => ToolError::new(ErrorCode::Internal, other.to_string()),
         })
@@ -582,6 +631,7 @@ impl Executor {
                 deadline = deadline.min(d);
             }
             let waiter = self.approvals.ask(
+                &ctx.tenant,
                 &ctx.session_id,
                 &ctx.call_id,
                 meta.id,
@@ -654,6 +704,14 @@ impl Executor {
             ),
         ))
     }
+}
+
+/// A tenant's limit as a result: RESOURCE_EXHAUSTED with when to retry (the front doors
+/// turn a lone call's into their transport's overload answer).
+fn limit_error(e: LimitError) -> ToolError {
+    let retry_after_ms = e.retry_after().as_millis() as u64;
+    ToolError::new(ErrorCode::ResourceExhausted, e.to_string())
+        .with_details(json!({ "retry_after_ms": retry_after_ms }))
 }
 
 /// Parses the arguments: JSON text holding an object (empty text means `{}`).

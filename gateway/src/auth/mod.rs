@@ -44,13 +44,14 @@ pub const UNAUTHENTICATED_MESSAGE: &str =
 pub struct Caller(pub Arc<Tenant>);
 
 impl Caller {
-    /// The caller in `extensions`: set by the auth layer on every request that passed it;
-    /// without authentication, the anonymous tenant.
+    /// The caller in `extensions`: set by the auth layer on every request that passed it
+    /// (the anonymous tenant when authentication is off). A request that did not pass the
+    /// layer fails closed: a tenant that may use nothing and owns nothing.
     pub fn of(extensions: &http::Extensions) -> Arc<Tenant> {
         extensions
             .get::<Caller>()
             .map(|c| c.0.clone())
-            .unwrap_or_else(Tenant::anonymous)
+            .unwrap_or_else(Tenant::nobody)
     }
 }
 

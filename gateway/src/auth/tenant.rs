@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 use std::num::NonZeroU32;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
@@ -83,14 +83,32 @@ impl LimitError {
 }
 
 impl Tenant {
-    /// The tenant of an unauthenticated gateway.
+    /// The tenant of an unauthenticated gateway (one shared value).
     pub fn anonymous() -> Arc<Tenant> {
+        static ANONYMOUS_TENANT: LazyLock<Arc<Tenant>> = LazyLock::new(|| {
+            Arc::new(Tenant {
+                name: ANONYMOUS.to_string(),
+                tools: None,
+                capabilities: None,
+                approval_mode: None,
+                max_sessions: None,
+                workspace_size_mb: None,
+                rate: None,
+                runs: None,
+            })
+        });
+        ANONYMOUS_TENANT.clone()
+    }
+
+    /// What a request that bypassed authentication gets: no tools, no capabilities, and a
+    /// name no session or approval carries.
+    pub fn nobody() -> Arc<Tenant> {
         Arc::new(Tenant {
-            name: ANONYMOUS.to_string(),
-            tools: None,
-            capabilities: None,
+            name: "\0nobody".to_string(),
+            tools: Some(HashSet::new()),
+            capabilities: Some(HashSet::new()),
             approval_mode: None,
-            max_sessions: None,
+            max_sessions: Some(0),
             workspace_size_mb: None,
             rate: None,
             runs: None,

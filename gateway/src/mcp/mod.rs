@@ -45,6 +45,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Caller, Tenant};
 use crate::error::{ErrorCode, ToolError};
 use crate::exec::{CallEvent, CallRequest, Executor};
 use crate::tool::StreamChunk;
@@ -145,6 +146,11 @@ impl McpHandler {
             }),
         }
     }
+}
+
+/// The request's tenant, put in its extensions by the auth layer ([`crate::auth`]).
+fn caller(parts: Option<&http::request::Parts>) -> Arc<Tenant> {
+    Caller::of(&parts.map(|p| p.extensions.clone()).unwrap_or_default())
 }
 
 /// The session a call names, from `_meta`, the header or the URL; differing values are an
@@ -254,9 +260,12 @@ impl ServerHandler for McpHandler {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.inner.tools.clone()))
+        let tenant = caller(context.extensions.get::<http::request::Parts>());
+        let mut tools = self.inner.tools.clone();
+        tools.retain(|t| tenant.may_use(&t.name));
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -270,6 +279,7 @@ impl ServerHandler for McpHandler {
     ) -> Result<CallToolResponse, McpError> {
         let inner = &self.inner;
         let parts = context.extensions.get::<http::request::Parts>();
+        let tenant = caller(parts);
         let meta = &context.meta.0.0;
         let (session_id, timeout_ms) = match (session_id(meta, parts), timeout_ms(meta)) {
             (Ok(s), Ok(t)) => (s, t),
@@ -295,6 +305,7 @@ impl ServerHandler for McpHandler {
                 arguments_json,
                 timeout_ms,
                 session_id,
+                tenant: Some(tenant),
             },
             &inner.hard_stop,
             token.is_some(),

@@ -62,12 +62,23 @@ impl Gw {
         config: &str,
         args: &[&str],
     ) -> Result<Gw, (Option<i32>, String)> {
+        Self::start_with(dir, config, args, false)
+    }
+
+    /// As [`Gw::start_in`]; `sandbox`: with the local sandbox (run_code, shell).
+    fn start_with(
+        dir: tempfile::TempDir,
+        config: &str,
+        args: &[&str],
+        sandbox: bool,
+    ) -> Result<Gw, (Option<i32>, String)> {
         let cfg = dir.path().join("toolrun.yaml");
         std::fs::write(&cfg, config).unwrap();
         let log = dir.path().join("gateway.log");
-        let mut full: Vec<String> = ["--log-format", "json", "serve", "--no-sandbox"]
-            .map(String::from)
-            .to_vec();
+        let mut full: Vec<String> = ["--log-format", "json", "serve"].map(String::from).to_vec();
+        if !sandbox {
+            full.push("--no-sandbox".into());
+        }
         // Loopback and ephemeral ports unless `args` says otherwise.
         for (flag, value) in [
             ("--listen", "127.0.0.1:0"),
@@ -133,6 +144,23 @@ impl Gw {
 
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits (up to 10 s: the log is written by a background thread) for a log line that
+    /// contains every one of `parts`; panics with the log otherwise.
+    async fn wait_for_line(&self, parts: &[&str]) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.log_text();
+            if log.lines().any(|l| parts.iter().all(|p| l.contains(p))) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no log line with {parts:?}:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
@@ -431,11 +459,7 @@ async fn missing_wrong_and_revoked_keys_are_refused_on_every_front_door() {
         assert!(Instant::now() < deadline, "new key not accepted after 15 s");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(
-        gw.log_text().contains("API keys reloaded"),
-        "{}",
-        gw.log_text()
-    );
+    gw.wait_for_line(&["API keys reloaded"]).await;
     assert!(!gw.log_text().contains(a), "a key never reaches the log");
 }
 
@@ -465,11 +489,7 @@ async fn a_non_loopback_listener_needs_keys_or_the_insecure_flag() {
     let url = format!("http://127.0.0.1:{}", gw.grpc.port());
     let mut c = connect(&url, None).await.unwrap();
     assert!(call(&mut c, "echo", json!({"message": "hi"}), "").await.ok);
-    assert!(
-        gw.log_text().contains("WITHOUT authentication"),
-        "{}",
-        gw.log_text()
-    );
+    gw.wait_for_line(&["WITHOUT authentication"]).await;
     drop(gw);
     // With keys it serves on any address, and a call without a key is refused.
     let dir = tempfile::tempdir().unwrap();
@@ -625,13 +645,12 @@ async fn tenants_cannot_see_call_close_or_approve_each_others_sessions() {
     .await
     .unwrap();
     // The audit events name the tenant.
-    let log = gw.log_text();
-    assert!(
-        log.lines().any(|l| l.contains("toolrun::audit")
-            && l.contains("\"tenant\":\"team-b\"")
-            && l.contains("SESSION_NOT_FOUND")),
-        "{log}"
-    );
+    gw.wait_for_line(&[
+        "toolrun::audit",
+        "\"tenant\":\"team-b\"",
+        "SESSION_NOT_FOUND",
+    ])
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -697,14 +716,14 @@ async fn allowed_tools_and_capabilities_are_checked_before_anything_runs() {
     assert_eq!(details["capability"], "filesystem.write", "{details}");
     let r = call(&mut reader, "read_file", json!({"path": "x.txt"}), &s).await;
     assert_eq!(code(&r), "FILE_NOT_FOUND", "nothing was written: {r:?}");
-    let log = gw.log_text();
-    assert!(
-        log.lines().any(|l| l.contains("toolrun::audit")
-            && l.contains("\"tenant\":\"reader\"")
-            && l.contains("\"tool\":\"write_file\"")
-            && l.contains("PERMISSION_DENIED")),
-        "the refusal is audited: {log}"
-    );
+    // The refusal is audited.
+    gw.wait_for_line(&[
+        "toolrun::audit",
+        "\"tenant\":\"reader\"",
+        "\"tool\":\"write_file\"",
+        "PERMISSION_DENIED",
+    ])
+    .await;
     // Control: team-a holds every capability; the same call writes the file.
     let mut a = gw.client(Some(&keys["team-a"])).await;
     let sa = create_session(&mut a, pb::ApprovalMode::All).await.unwrap();
@@ -805,11 +824,120 @@ async fn a_tenant_over_its_limits_gets_resource_exhausted_while_others_go_on() {
     tokio::time::sleep(Duration::from_millis(retry_ms + 200)).await;
     let r = slow.call_tool(calc()).await;
     assert!(r.is_ok(), "after retry-after: {r:?}");
-    let log = gw.log_text();
+    gw.wait_for_line(&[
+        "toolrun::audit",
+        "\"tenant\":\"slow\"",
+        "RESOURCE_EXHAUSTED",
+    ])
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_in_flight_workspace_size_and_approval_mode_are_the_tenants_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys_file = dir.path().join("keys.yaml");
+    let one = create_key(&keys_file, "one-run", "one");
+    let small = create_key(&keys_file, "small", "small");
+    let b = create_key(&keys_file, "team-b", "b");
+    let config = "\
+sessions:
+  workspace_size_mb: 64
+  workspace_max_files: 16384
+auth:
+  tenants:
+    one-run: {limits: {runs_in_flight: 1}}
+    small: {approval_mode: none, limits: {workspace_size_mb: 32}}
+";
+    let gw = Gw::start_with(
+        dir,
+        config,
+        &["--api-keys", keys_file.to_str().unwrap()],
+        true,
+    )
+    .unwrap_or_else(|(code, log)| panic!("gateway exited {code:?}:\n{log}"));
+    let run = |code: &str| call_req("run_code", json!({"language": "python", "code": code}), "");
+    // one-run holds its one slot with a running program...
+    let mut one_c = gw.client(Some(&one)).await;
+    let mut stream = one_c
+        .stream_tool(run(
+            "import time\nprint('started', flush=True)\ntime.sleep(4)\nprint('done')",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    match stream.message().await.unwrap().unwrap().event {
+        Some(pb::tool_event::Event::Stdout(c)) => {
+            assert_eq!(String::from_utf8_lossy(&c.data), "started\n")
+        }
+        other => panic!("expected the program's first line: {other:?}"),
+    }
+    // ...so a second run is refused at once, typed, with when to retry.
+    let e = gw
+        .client(Some(&one))
+        .await
+        .call_tool(run("print(1)"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("runs_in_flight"), "{e:?}");
+    assert!(e.metadata().get("retry-after").is_some(), "{e:?}");
+    // Inline tools are not runs: one-run's calculator still answers.
+    let r = call(&mut one_c, "calculator", json!({"expression": "2+2"}), "").await;
+    assert!(r.ok, "{r:?}");
+    // Another tenant's run goes through meanwhile.
+    let mut bc = gw.client(Some(&b)).await;
+    let r = call(
+        &mut bc,
+        "run_code",
+        json!({"language": "python", "code": "print(6*7)"}),
+        "",
+    )
+    .await;
+    assert!(r.ok && r.output_json.contains("42"), "{r:?}");
+    // Control: once the first run ends, one-run runs again.
+    let result = loop {
+        match stream.message().await.unwrap().unwrap().event {
+            Some(pb::tool_event::Event::Result(r)) => break r,
+            _ => continue,
+        }
+    };
+    assert!(result.ok, "{result:?}");
+    let r = call(
+        &mut one_c,
+        "run_code",
+        json!({"language": "python", "code": "print(1)"}),
+        "",
+    )
+    .await;
+    assert!(r.ok, "{r:?}");
+
+    // small's sessions: its approval mode by default, and its smaller workspace filesystem.
+    let mut sc = gw.client(Some(&small)).await;
+    let s = sc
+        .create_session(pb::CreateSessionRequest {
+            session_id: String::new(),
+            approval_mode: 0,
+            idle_timeout_seconds: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.approval_mode, pb::ApprovalMode::None as i32, "{s:?}");
+    let sb = bc
+        .create_session(pb::CreateSessionRequest {
+            session_id: String::new(),
+            approval_mode: 0,
+            idle_timeout_seconds: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(sb.approval_mode, pb::ApprovalMode::Safe as i32, "{sb:?}");
+    // Workspaces are ext4 filesystems here (a sandboxed gateway refuses plain directories):
+    // the size is the filesystem's, minus its metadata.
     assert!(
-        log.lines().any(|l| l.contains("toolrun::audit")
-            && l.contains("\"tenant\":\"slow\"")
-            && l.contains("RESOURCE_EXHAUSTED")),
-        "{log}"
+        s.workspace_bytes_limit <= 32 << 20 && s.workspace_bytes_limit > 16 << 20,
+        "{s:?}"
     );
+    assert!(sb.workspace_bytes_limit > 48 << 20, "{sb:?}");
 }

@@ -294,7 +294,11 @@ impl ServerHandler for McpHandler {
         let registration = parts
             .and_then(|p| p.headers.get(SESSION_HEADER))
             .and_then(|v| v.to_str().ok())
-            .map(|client| inner.in_flight.register(client, &context.id));
+            .map(|client| {
+                inner
+                    .in_flight
+                    .register(&intake::in_flight_key(&tenant.name, client), &context.id)
+            });
         let by_notification = registration
             .as_ref()
             .map_or_else(CancellationToken::new, |r| r.cancelled.clone());

@@ -20,6 +20,11 @@
 //! - Approvals: a call that needs one waits for `toolrun approve` / `DecideApproval`, as over
 //!   gRPC, announcing it in a progress notification. MCP elicitation needs a server-to-client
 //!   request on a session, which a stateless server cannot route, so it is not used.
+//! - Authentication: the listener's auth layer ([`crate::auth`]) admits a request with a
+//!   valid `authorization: Bearer <key>` (401 with `WWW-Authenticate` otherwise) and puts
+//!   its tenant in the request's extensions: `tools/list` shows the tenant's allowed tools,
+//!   `tools/call` runs as the tenant, and cancellation by notification reaches only the
+//!   tenant's own calls.
 //! - Protocol versions 2025-06-18, 2025-11-25 (the `initialize` handshake) and 2026-07-28
 //!   (`server/discover`, per-request metadata), all stateless: no server-side session state,
 //!   so replicas behind one Service answer any request.

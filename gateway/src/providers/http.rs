@@ -7,7 +7,9 @@
 //! like gRPC messages (`--max-message-bytes`). Errors are JSON
 //! `{"error": {"code", "message"}}`: `404 unknown_provider` (with the `providers` list),
 //! `400 not_json` / `bad_message` / `no_tool_calls` / `bad_session`, `413 body_too_large` /
-//! `too_many_calls`. A failed call is not an error: it is that call's result.
+//! `too_many_calls`, `401 unauthenticated` (no valid API key, from the listener's auth
+//! layer), `429 resource_exhausted` with `Retry-After` (every call of the message over the
+//! tenant's limits). A failed call is not an error: it is that call's result.
 //!
 //! This module only builds the [`axum::Router`]; the MCP listener mounts it.
 

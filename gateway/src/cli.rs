@@ -154,6 +154,15 @@ pub enum Command {
     },
     /// Load-generate against a gateway and report latency and throughput.
     Bench(crate::bench::BenchArgs),
+    /// Re-run the recorded calls of deterministic tools in an audit file (`toolrun serve
+    /// --audit-file`) and report any whose verdict or output hash differs; exit 1 if any.
+    Replay {
+        /// The audit file (JSON lines).
+        file: PathBuf,
+        /// The configuration the calls ran with (tool settings).
+        #[arg(long, env = "TOOLRUN_CONFIG")]
+        config: Option<PathBuf>,
+    },
     /// Make, list or revoke API keys in a keys file (`toolrun serve --api-keys FILE`; a
     /// running gateway picks the change up within `auth.reload_interval_seconds`).
     Keys {
@@ -192,6 +201,33 @@ pub enum KeysAction {
         /// The key's name or hash prefix.
         which: String,
     },
+}
+
+/// `toolrun replay`: prints one line per record and a summary; the exit code.
+async fn replay(file: &std::path::Path, config: Option<&std::path::Path>) -> i32 {
+    let config = match config.map(crate::config::Config::load).transpose() {
+        Ok(c) => c.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("toolrun replay: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    match crate::audit::replay(file, &config, &mut std::io::stdout()).await {
+        Ok(s) => {
+            println!(
+                "replay: {} replayed ({} same, {} differ), {} listed, not replayed",
+                s.same + s.differ,
+                s.same,
+                s.differ,
+                s.skipped
+            );
+            if s.differ > 0 { EXIT_TOOL_FAILED } else { 0 }
+        }
+        Err(e) => {
+            eprintln!("toolrun replay: {e}");
+            EXIT_USAGE
+        }
+    }
 }
 
 /// Runs `toolrun keys`; returns the exit code.
@@ -428,7 +464,7 @@ pub fn result_json(r: &pb::ToolResult) -> Value {
 /// Runs a client subcommand; returns the exit code.
 pub async fn run_client(command: Command) -> Result<i32, CliError> {
     match command {
-        Command::Serve(_) | Command::Bench(_) | Command::Keys { .. } => {
+        Command::Serve(_) | Command::Bench(_) | Command::Keys { .. } | Command::Replay { .. } => {
             unreachable!("handled by the caller")
         }
         Command::Tools { conn, format } => tools(&conn, format).await,
@@ -1016,6 +1052,7 @@ pub fn main() -> i32 {
                     }
                 }
             }
+            Command::Replay { file, config } => replay(&file, config.as_deref()).await,
             Command::Keys { action } => match keys(action) {
                 Ok(code) => code,
                 Err(e) => {

@@ -63,6 +63,8 @@ pub struct Config {
     pub mcp: McpConfig,
     /// API keys and tenants.
     pub auth: crate::auth::AuthConfig,
+    /// The durable audit file.
+    pub audit: crate::audit::AuditConfig,
 }
 
 /// Settings of the MCP listener (`mcp`): which `Host` and `Origin` headers it accepts, on
@@ -699,6 +701,7 @@ impl Config {
         self.sessions.validate()?;
         self.auth
             .validate(&self.sessions, self.sandbox.max_concurrent_runs)?;
+        self.audit.validate()?;
         if self.sandbox.max_concurrent_runs == Some(0) {
             return Err(ConfigError::Invalid {
                 key: "sandbox.max_concurrent_runs".into(),
@@ -754,6 +757,7 @@ mod tests {
         assert_eq!(c.sessions, SessionsConfig::default());
         assert_eq!(c.mcp, McpConfig::default());
         assert_eq!(c.auth, crate::auth::AuthConfig::default());
+        assert_eq!(c.audit, crate::audit::AuditConfig::default());
         assert_eq!(
             c.tools.get("shell").and_then(|t| t.timeout_ms),
             Some(MAX_SHELL_TIMEOUT_MS)

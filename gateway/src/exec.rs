@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::{ApprovalInfo, Approvals, DecideError, Decision, WaitOutcome};
+use crate::audit::{AuditRecord, AuditSink};
 use crate::auth::{LimitError, Tenant};
 use crate::canonical::{blake3_hex, canonical_with_hash};
 use crate::config::ApprovalMode;
@@ -24,7 +25,7 @@ use crate::error::{ErrorCode, ToolError};
 use crate::metrics::{CallLabels, Metrics, ToolLabels};
 use crate::registry::{Entry, Registry};
 use crate::session::{SessionError, SessionManager};
-use crate::tool::{CallContext, StreamChunk, plain_ask};
+use crate::tool::{CallContext, Determinism, StreamChunk, plain_ask};
 
 /// Buffered live events per streaming call; a slow reader loses output chunks (the final
 /// result still carries the captured output) rather than stalling the sandbox.
@@ -97,6 +98,7 @@ pub struct Executor {
     sandbox_grace: Duration,
     sessions: Option<Arc<SessionManager>>,
     approvals: Arc<Approvals>,
+    audit: Option<Arc<AuditSink>>,
 }
 
 /// What a started call reports: live output and approvals, then its outcome.
@@ -192,7 +194,14 @@ impl Executor {
             sandbox_grace: SANDBOX_GRACE,
             sessions: None,
             approvals: Arc::new(Approvals::new()),
+            audit: None,
         }
+    }
+
+    /// Also appends every call's audit event to `audit` (the durable JSON-lines file).
+    pub fn with_audit(mut self, audit: Option<Arc<AuditSink>>) -> Self {
+        self.audit = audit;
+        self
     }
 
     /// Serves sessions from `sessions` (and approvals from its table).
@@ -327,6 +336,10 @@ impl Executor {
         let call_id = call_id.as_str();
         let args_hash = blake3_hex(req.arguments_json.as_bytes());
         let tenant = req.tenant();
+        let determinism = self
+            .registry
+            .get(&req.tool)
+            .map(|e| e.tool.metadata().determinism);
         let (tool, result) = match self.registry.get(&req.tool) {
             None => (req.tool.clone(), Err(self.unknown_tool(&req.tool, &tenant))),
             Some(entry) if !tenant.may_use(entry.id()) => (
@@ -375,6 +388,18 @@ impl Executor {
             duration_us = duration.as_micros() as u64,
             "tool call"
         );
+        if let Some(sink) = &self.audit {
+            sink.write(&self.audit_record(
+                &req,
+                &tenant,
+                &tool,
+                call_id,
+                determinism,
+                (&args_hash, &output_hash),
+                code,
+                duration,
+            ));
+        }
         self.metrics
             .calls
             .get_or_create(&CallLabels {
@@ -393,6 +418,51 @@ impl Executor {
             output_hash,
             error,
             duration,
+        }
+    }
+
+    /// The audit file's record of a call; its arguments only where replay can use them.
+    #[allow(clippy::too_many_arguments)]
+    fn audit_record(
+        &self,
+        req: &CallRequest,
+        tenant: &Tenant,
+        tool: &str,
+        call_id: &str,
+        determinism: Option<Determinism>,
+        (args_hash, output_hash): (&str, &str),
+        verdict: &str,
+        duration: Duration,
+    ) -> AuditRecord {
+        let replayable = matches!(
+            determinism,
+            Some(Determinism::Deterministic | Determinism::Bounded)
+        ) && req.session_id.is_empty();
+        let max = self
+            .audit
+            .as_ref()
+            .map_or(0, |s| s.max_argument_bytes as usize);
+        let arguments = (replayable && req.arguments_json.len() <= max)
+            .then(|| parse_arguments(&req.arguments_json).ok())
+            .flatten();
+        AuditRecord {
+            ts_ms: crate::session::SessionManager::unix_ms(std::time::SystemTime::now()),
+            tenant: tenant.display_name().to_string(),
+            tool: tool.to_string(),
+            call_id: call_id.to_string(),
+            session_id: req.session_id.clone(),
+            determinism: match determinism {
+                Some(Determinism::Deterministic) => "deterministic",
+                Some(Determinism::Bounded) => "bounded",
+                Some(Determinism::NonDeterministic) => "non_deterministic",
+                None => "unknown",
+            }
+            .to_string(),
+            args_hash: args_hash.to_string(),
+            output_hash: output_hash.to_string(),
+            verdict: verdict.to_string(),
+            duration_us: duration.as_micros() as u64,
+            arguments,
         }
     }
 

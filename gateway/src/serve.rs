@@ -76,6 +76,10 @@ pub struct ServeArgs {
     /// port runs code). Without keys, only loopback listeners are allowed otherwise.
     #[arg(long, env = "TOOLRUN_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
+    /// Also append every call's audit event to this JSON-lines file (overrides
+    /// `audit.file`; rotated at `audit.max_file_bytes`; `toolrun replay FILE` re-runs it).
+    #[arg(long, env = "TOOLRUN_AUDIT_FILE")]
+    pub audit_file: Option<PathBuf>,
 }
 
 impl Default for ServeArgs {
@@ -95,6 +99,7 @@ impl Default for ServeArgs {
             state_dir: None,
             api_keys: None,
             insecure_no_auth: false,
+            audit_file: None,
         }
     }
 }
@@ -152,6 +157,9 @@ pub enum ServeError {
     /// The state dir or the sessions in it could not be opened.
     #[error("sessions: {0}")]
     Sessions(#[from] crate::session::SessionError),
+    /// The audit file could not be opened.
+    #[error("{0}")]
+    Audit(std::io::Error),
     /// The API keys file could not be loaded.
     #[error("authentication: {0}")]
     Keys(#[from] crate::auth::keys::KeysError),
@@ -235,6 +243,9 @@ pub fn effective_config(args: &ServeArgs) -> Result<Config, ConfigError> {
     if let Some(keys) = &args.api_keys {
         config.auth.keys_file = Some(keys.clone());
     }
+    if let Some(file) = &args.audit_file {
+        config.audit.file = Some(file.clone());
+    }
     if config.sandbox.backend == BackendKind::Kubernetes
         && config.sandbox.max_concurrent_runs.is_none()
     {
@@ -273,6 +284,7 @@ pub fn build_auth(args: &ServeArgs, config: &Config) -> Result<Arc<Auth>, ServeE
 pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let config = effective_config(&args)?;
     let auth = build_auth(&args, &config)?;
+    let audit = crate::audit::AuditSink::open(&config.audit).map_err(ServeError::Audit)?;
     let metrics = Arc::new(Metrics::new());
     let mut start_allowance = Duration::ZERO;
     let serve_sessions = config.sandbox.backend == BackendKind::Local;
@@ -342,7 +354,8 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let executor = Arc::new(
         Executor::new(registry, metrics.clone())
             .with_start_allowance(start_allowance)
-            .with_sessions_opt(sessions.clone()),
+            .with_sessions_opt(sessions.clone())
+            .with_audit(audit),
     );
 
     let grpc_listener =

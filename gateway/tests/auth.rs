@@ -941,3 +941,85 @@ auth:
     );
     assert!(sb.workspace_bytes_limit > 48 << 20, "{sb:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_audit_file_replays_deterministic_calls_and_reports_a_changed_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let gw = Gw::start_in(
+        dir,
+        "sessions: {workspace_size_mb: 64, workspace_max_files: 16384}\n",
+        &["--audit-file", audit.to_str().unwrap()],
+    )
+    .unwrap_or_else(|(code, log)| panic!("gateway exited {code:?}:\n{log}"));
+    let mut c = gw.client(None).await;
+    let mut ids = Vec::new();
+    for (tool, args) in [
+        ("calculator", json!({"expression": "6*7"})),
+        ("calculator", json!({"expression": "1/0"})),
+        ("echo", json!({"message": "hi"})),
+        ("hash", json!({"input": "abc"})),
+    ] {
+        let r = call(&mut c, tool, args, "").await;
+        assert_eq!(r.ok, tool != "calculator" || ids.len() != 1, "{r:?}");
+        ids.push(r.call_id.clone());
+    }
+    let s = create_session(&mut c, pb::ApprovalMode::All).await.unwrap();
+    let w = call(
+        &mut c,
+        "write_file",
+        json!({"path": "secret.txt", "content": "the-file-content-stays-out"}),
+        &s,
+    )
+    .await;
+    assert!(w.ok, "{w:?}");
+    let u = call(&mut c, "no_such_tool", json!({}), "").await;
+    assert_eq!(code(&u), "UNKNOWN_TOOL");
+
+    // One line per call, written before the answer; session arguments are not kept.
+    let text = std::fs::read_to_string(&audit).unwrap();
+    let records: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 6, "{text}");
+    assert!(records.iter().all(|r| r["tenant"] == "anonymous"), "{text}");
+    assert_eq!(records[0]["verdict"], "OK");
+    assert_eq!(records[0]["determinism"], "deterministic");
+    assert_eq!(records[0]["arguments"], json!({"expression": "6*7"}));
+    assert_eq!(records[1]["verdict"], "DIVISION_BY_ZERO");
+    assert_eq!(records[4]["session_id"], s.as_str());
+    assert!(records[4].get("arguments").is_none(), "{}", records[4]);
+    assert!(!text.contains("the-file-content-stays-out"), "{text}");
+
+    let replay = |file: &Path| {
+        let out = Command::new(BIN).arg("replay").arg(file).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+        )
+    };
+    let (code_ok, out) = replay(&audit);
+    assert_eq!(code_ok, Some(0), "{out}");
+    for id in &ids {
+        assert!(out.contains(&format!("SAME     {id}")), "{id}: {out}");
+    }
+    assert!(out.contains("SKIPPED") && out.contains("session"), "{out}");
+    assert!(out.contains("no_such_tool"), "{out}");
+    assert!(
+        out.contains("4 replayed (4 same, 0 differ), 2 listed"),
+        "{out}"
+    );
+
+    // A record whose output hash no longer matches what the tool computes is reported.
+    let tampered = audit.with_extension("tampered.jsonl");
+    let recorded_hash = records[0]["output_hash"].as_str().unwrap();
+    std::fs::write(&tampered, text.replacen(recorded_hash, &"0".repeat(64), 1)).unwrap();
+    let (code_bad, out) = replay(&tampered);
+    assert_eq!(code_bad, Some(1), "{out}");
+    assert!(
+        out.contains(&format!("DIFFERS  {} calculator", ids[0])) && out.contains(recorded_hash),
+        "{out}"
+    );
+    assert!(out.contains("4 replayed (3 same, 1 differ)"), "{out}");
+}

@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, Pod, Service, ServiceAccount, TCPSocketAction,
+    ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount, TCPSocketAction,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -1183,6 +1183,7 @@ async fn release_objects(client: &Client, release: &Release) -> Result<Vec<Strin
         collect!(Deployment, ns);
         collect!(Service, ns);
         collect!(ConfigMap, ns);
+        collect!(Secret, ns);
         collect!(ServiceAccount, ns);
         collect!(Role, ns);
         collect!(RoleBinding, ns);
@@ -1305,10 +1306,9 @@ async fn install_is_available_and_uninstall_leaves_only_the_crd() {
             .context("no ready gateway pod with an address")?;
         // Authentication is on by default: the chart's first key, read as NOTES.txt says,
         // from its Secret; a call without it is refused.
-        let secret: k8s_openapi::api::core::v1::Secret =
-            Api::namespaced(client.clone(), &release.namespace)
-                .get("toolrun-gateway-keys")
-                .await?;
+        let secret: Secret = Api::namespaced(client.clone(), &release.namespace)
+            .get("toolrun-gateway-keys")
+            .await?;
         let key = secret
             .data
             .as_ref()

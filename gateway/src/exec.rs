@@ -336,11 +336,9 @@ impl Executor {
         let call_id = call_id.as_str();
         let args_hash = blake3_hex(req.arguments_json.as_bytes());
         let tenant = req.tenant();
-        let determinism = self
-            .registry
-            .get(&req.tool)
-            .map(|e| e.tool.metadata().determinism);
-        let (tool, result) = match self.registry.get(&req.tool) {
+        let entry = self.registry.get(&req.tool).cloned();
+        let determinism = entry.as_ref().map(|e| e.tool.metadata().determinism);
+        let (tool, result) = match entry {
             None => (req.tool.clone(), Err(self.unknown_tool(&req.tool, &tenant))),
             Some(entry) if !tenant.may_use(entry.id()) => (
                 entry.id().to_string(),
@@ -354,7 +352,6 @@ impl Executor {
                 )),
             ),
             Some(entry) => {
-                let entry = entry.clone();
                 let result = self
                     .run_entry(&entry, &req, &tenant, call_id, start, stream, cancel)
                     .await;

@@ -420,15 +420,15 @@ impl pb::tool_service_server::ToolService for ToolService {
                 let Some(event) = next else { return };
                 let event = match event {
                     CallEvent::Chunk(chunk) => chunk_event(chunk),
-                    CallEvent::Done(outcome) if over_limit(&outcome).is_some() => {
-                        let _ = event_tx
-                            .send(Err(over_limit(&outcome).expect("checked")))
-                            .await;
-                        return;
+                    CallEvent::Done(outcome) => {
+                        if let Some(status) = over_limit(&outcome) {
+                            let _ = event_tx.send(Err(status)).await;
+                            return;
+                        }
+                        pb::ToolEvent {
+                            event: Some(pb::tool_event::Event::Result(to_proto(outcome))),
+                        }
                     }
-                    CallEvent::Done(outcome) => pb::ToolEvent {
-                        event: Some(pb::tool_event::Event::Result(to_proto(outcome))),
-                    },
                 };
                 if event_tx.send(Ok(event)).await.is_err() {
                     // The client is gone: dropping the handle cancels the call.

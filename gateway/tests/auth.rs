@@ -415,6 +415,67 @@ async fn missing_wrong_and_revoked_keys_are_refused_on_every_front_door() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // --api-key works like the environment variable; bench sends the key on gRPC and MCP.
+    let out = Command::new(BIN)
+        .args(["tools", "--addr", &gw.url(), "--api-key", a])
+        .env_remove("TOOLRUN_API_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("calculator"));
+    let bench = |key: Option<&str>| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["bench", "--addr", &gw.url(), "--mcp-url"])
+            .arg(format!("http://{mcp}/mcp"))
+            .args(["--seconds", "0.3", "--concurrency", "1", "--json"])
+            .args(["--no-sandbox", "--no-sessions", "--no-interp"])
+            .env_remove("TOOLRUN_API_KEY");
+        if let Some(k) = key {
+            cmd.args(["--api-key", k]);
+        }
+        cmd.output().unwrap()
+    };
+    let reports = |out: std::process::Output| -> Vec<Value> {
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let with_key = reports(bench(Some(a)));
+    assert!(
+        with_key.len() >= 3
+            && with_key
+                .iter()
+                .all(|r| r["failures"] == 0 && r["calls"].as_u64() > Some(0)),
+        "{with_key:?}"
+    );
+    assert!(
+        with_key
+            .iter()
+            .any(|r| r["scenario"].as_str().unwrap().starts_with("mcp")),
+        "{with_key:?}"
+    );
+    // Control: without the key every call of the bench fails.
+    let without = reports(bench(None));
+    assert!(
+        without
+            .iter()
+            .all(|r| r["failures"].as_u64() > Some(0)
+                && r["failures"].as_u64() >= r["calls"].as_u64()),
+        "{without:?}"
+    );
+
     // Revoking team-a's key (the CLI rewrites the file) applies without a restart, within
     // the reload interval; team-b's key keeps working.
     let out = Command::new(BIN)

@@ -255,6 +255,7 @@ impl Approvals {
         let approved = matches!(decision, Decision::Approve { .. });
         tracing::info!(
             approval_id = id,
+            tenant,
             session_id = %pending.info.session_id,
             call_id = %pending.info.call_id,
             approved,

@@ -5,6 +5,9 @@
 pub const RUN: &str = "toolrun.dev/run";
 /// The caller's call id, as a label value ([`label_value`]).
 pub const CALL_ID: &str = "toolrun.dev/call-id";
+/// The caller's tenant (empty: a gateway without authentication), on ToolRuns the
+/// gateway creates; select a tenant's runs with `-l toolrun.dev/tenant=NAME`.
+pub const TENANT: &str = "toolrun.dev/tenant";
 /// Marks sandbox pods; the deny-all NetworkPolicy selects it.
 pub const SANDBOX: &str = "toolrun.dev/sandbox";
 /// Value of [`SANDBOX`].

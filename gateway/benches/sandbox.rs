@@ -38,6 +38,7 @@ fn print_one() -> SandboxRun {
         limits,
         tool: "run_code".into(),
         call_id: "bench".into(),
+        tenant: String::new(),
         workspace: None,
     }
 }

@@ -6,6 +6,9 @@
 //! decision (or one for an unknown id) is refused. A waiter that gives up (timeout, caller
 //! gone, session closed) removes its approval too, so nobody can approve a call that no
 //! longer waits.
+//!
+//! Approvals belong to the tenant whose call asked: another tenant neither lists, watches,
+//! reads nor decides them (to it they do not exist: the same NotFound as an unknown id).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -56,6 +59,9 @@ pub struct ApprovalAsk {
 pub struct ApprovalInfo {
     /// Unguessable id (`ap-` and 32 hex digits).
     pub approval_id: String,
+    /// The tenant whose call waits (only it sees and decides the approval).
+    #[serde(skip)]
+    pub tenant: String,
     /// The session the call runs in.
     pub session_id: String,
     /// The call waiting.
@@ -148,6 +154,7 @@ impl Approvals {
     #[allow(clippy::too_many_arguments)]
     pub fn ask(
         self: &Arc<Self>,
+        tenant: &str,
         session_id: &str,
         call_id: &str,
         tool: &str,
@@ -158,6 +165,7 @@ impl Approvals {
         let now = SystemTime::now();
         let info = ApprovalInfo {
             approval_id: format!("ap-{}", uuid::Uuid::new_v4().simple()),
+            tenant: tenant.to_string(),
             session_id: session_id.to_string(),
             call_id: call_id.to_string(),
             tool: tool.to_string(),
@@ -177,6 +185,7 @@ impl Approvals {
         );
         tracing::info!(
             approval_id = %info.approval_id,
+            tenant,
             session_id,
             call_id,
             tool,
@@ -192,11 +201,12 @@ impl Approvals {
         }
     }
 
-    /// Pending approvals, oldest first; only `session_id`'s when given.
-    pub fn list(&self, session_id: Option<&str>) -> Vec<ApprovalInfo> {
+    /// `tenant`'s pending approvals, oldest first; only `session_id`'s when given.
+    pub fn list(&self, session_id: Option<&str>, tenant: &str) -> Vec<ApprovalInfo> {
         let mut v: Vec<ApprovalInfo> = self
             .table()
             .values()
+            .filter(|p| p.info.tenant == tenant)
             .filter(|p| session_id.is_none_or(|s| p.info.session_id == s))
             .map(|p| p.info.clone())
             .collect();
@@ -204,30 +214,48 @@ impl Approvals {
         v
     }
 
-    /// The pending approval `id`, if it still waits.
-    pub fn get(&self, id: &str) -> Option<ApprovalInfo> {
-        self.table().get(id).map(|p| p.info.clone())
+    /// The pending approval `id` of `tenant`, if it still waits.
+    pub fn get(&self, id: &str, tenant: &str) -> Option<ApprovalInfo> {
+        self.table()
+            .get(id)
+            .filter(|p| p.info.tenant == tenant)
+            .map(|p| p.info.clone())
     }
 
-    /// The approvals pending now, and a receiver of each new one (subscribed first, so none
-    /// is missed between the two; a new one may appear in both).
-    pub fn watch(
-        &self,
-        session_id: Option<&str>,
-    ) -> (Vec<ApprovalInfo>, broadcast::Receiver<ApprovalInfo>) {
+    /// `tenant`'s approvals pending now (only `session_id`'s when given), and a watch of
+    /// each new one (subscribed first, so none is missed between the two; a new one may
+    /// appear in both).
+    pub fn watch(&self, session_id: Option<&str>, tenant: &str) -> (Vec<ApprovalInfo>, Watch) {
         let rx = self.events.subscribe();
-        (self.list(session_id), rx)
+        let watch = Watch {
+            rx,
+            session_id: session_id.map(str::to_string),
+            tenant: tenant.to_string(),
+        };
+        (self.list(session_id, tenant), watch)
     }
 
-    /// Decides approval `id` once: it leaves the table before the waiting call hears.
-    pub fn decide(&self, id: &str, decision: Decision) -> Result<ApprovalInfo, DecideError> {
-        let pending = self
-            .table()
-            .remove(id)
-            .ok_or_else(|| DecideError::NotFound(id.to_string()))?;
+    /// Decides `tenant`'s approval `id` once: it leaves the table before the waiting call
+    /// hears.
+    pub fn decide(
+        &self,
+        id: &str,
+        tenant: &str,
+        decision: Decision,
+    ) -> Result<ApprovalInfo, DecideError> {
+        let pending = {
+            let mut table = self.table();
+            if table.get(id).is_none_or(|p| p.info.tenant != tenant) {
+                return Err(DecideError::NotFound(id.to_string()));
+            }
+            table
+                .remove(id)
+                .ok_or_else(|| DecideError::NotFound(id.to_string()))?
+        };
         let approved = matches!(decision, Decision::Approve { .. });
         tracing::info!(
             approval_id = id,
+            tenant,
             session_id = %pending.info.session_id,
             call_id = %pending.info.call_id,
             approved,
@@ -256,6 +284,27 @@ impl Approvals {
     /// No approval is pending.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// New approvals of one tenant (and session, when given), as they are asked.
+pub struct Watch {
+    rx: broadcast::Receiver<ApprovalInfo>,
+    session_id: Option<String>,
+    tenant: String,
+}
+
+impl Watch {
+    /// The next matching approval; `Err(Lagged)` when this watcher fell behind.
+    pub async fn next(&mut self) -> Result<ApprovalInfo, broadcast::error::RecvError> {
+        loop {
+            let a = self.rx.recv().await?;
+            if a.tenant == self.tenant
+                && self.session_id.as_ref().is_none_or(|s| *s == a.session_id)
+            {
+                return Ok(a);
+            }
+        }
     }
 }
 
@@ -306,6 +355,7 @@ mod tests {
 
     fn ask(a: &Arc<Approvals>, session: &str) -> Waiter {
         a.ask(
+            "",
             session,
             "c1",
             "delete_file",
@@ -323,8 +373,22 @@ mod tests {
         let a = Arc::new(Approvals::new());
         let w = ask(&a, "s1");
         let id = w.info().approval_id.clone();
-        assert_eq!(a.list(Some("s1")).len(), 1);
-        assert!(a.list(Some("s2")).is_empty());
+        assert_eq!(a.list(Some("s1"), "").len(), 1);
+        assert!(a.list(Some("s2"), "").is_empty());
+        // Another tenant sees nothing and cannot decide.
+        assert!(a.list(None, "other").is_empty());
+        assert!(a.get(&id, "other").is_none());
+        assert_eq!(
+            a.decide(
+                &id,
+                "other",
+                Decision::Deny {
+                    message: String::new()
+                }
+            ),
+            Err(DecideError::NotFound(id.clone()))
+        );
+        assert!(a.get(&id, "").is_some());
         let waiting = tokio::spawn(async move {
             w.wait(
                 tokio::time::Instant::now() + Duration::from_secs(5),
@@ -334,6 +398,7 @@ mod tests {
         });
         a.decide(
             &id,
+            "",
             Decision::Deny {
                 message: "no".into(),
             },
@@ -342,6 +407,7 @@ mod tests {
         assert_eq!(
             a.decide(
                 &id,
+                "",
                 Decision::Approve {
                     arguments: None,
                     message: String::new()
@@ -374,6 +440,7 @@ mod tests {
         assert!(matches!(
             a.decide(
                 &id,
+                "",
                 Decision::Approve {
                     arguments: None,
                     message: String::new()
@@ -396,16 +463,19 @@ mod tests {
             )
             .await;
         assert_eq!(out, WaitOutcome::Cancelled);
-        assert_eq!(a.list(None).len(), 1);
+        assert_eq!(a.list(None, "").len(), 1);
     }
 
     #[tokio::test]
     async fn watchers_see_new_approvals() {
         let a = Arc::new(Approvals::new());
         let _w0 = ask(&a, "s1");
-        let (now, mut rx) = a.watch(None);
+        let (now, mut rx) = a.watch(None, "");
+        let (_, mut other) = a.watch(None, "other");
         assert_eq!(now.len(), 1);
         let w1 = ask(&a, "s1");
-        assert_eq!(rx.recv().await.unwrap().approval_id, w1.info().approval_id);
+        assert_eq!(rx.next().await.unwrap().approval_id, w1.info().approval_id);
+        let nothing = tokio::time::timeout(Duration::from_millis(50), other.next()).await;
+        assert!(nothing.is_err(), "another tenant's watch sees nothing");
     }
 }

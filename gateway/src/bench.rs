@@ -16,11 +16,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tonic::transport::Channel;
 use toolrun_proto::v1 as pb;
-use toolrun_proto::v1::tool_service_client::ToolServiceClient;
 
-use crate::cli::{CliError, connect};
+use crate::cli::{CliError, Client, connect};
 use crate::serve::{ServeArgs, start};
 
 /// Settings of `toolrun bench`.
@@ -29,6 +27,9 @@ pub struct BenchArgs {
     /// Gateway to load (default: start one in-process on loopback).
     #[arg(long, env = "TOOLRUN_ADDR")]
     pub addr: Option<String>,
+    /// API key of the gateway at `--addr` (gRPC and MCP).
+    #[arg(long, env = "TOOLRUN_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     /// Seconds per inline scenario.
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
@@ -108,7 +109,7 @@ const CHART_PROGRAM: &str = "import matplotlib\nmatplotlib.use('Agg')\n\
 /// directly, the same program, same runs), and a chart returned as a PNG artifact through
 /// run_code and saved bare.
 async fn interp_scenarios(addr: &str, args: &BenchArgs) -> Result<Vec<Report>, CliError> {
-    let client = connect(addr).await?;
+    let client = connect(addr, args.api_key.as_deref()).await?;
     let runs = args.interp_runs;
     let mut out = Vec::new();
     let through = |code: String, check: fn(&str) -> bool| {
@@ -273,6 +274,7 @@ fn report(
 
 async fn inline_scenario(
     addr: &str,
+    key: Option<&str>,
     tool: &str,
     args: &str,
     concurrency: usize,
@@ -282,7 +284,7 @@ async fn inline_scenario(
     let conns = concurrency.clamp(1, 8);
     let mut clients = Vec::with_capacity(conns);
     for _ in 0..conns {
-        clients.push(connect(addr).await?);
+        clients.push(connect(addr, key).await?);
     }
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     // Hard bound on calls per caller so the loop always ends.
@@ -322,7 +324,12 @@ async fn inline_scenario(
 
 /// `tools/call` of `echo` over MCP: each of `concurrency` clients initializes once and
 /// then posts calls on its own keep-alive connection, as an MCP client does.
-async fn mcp_scenario(url: &str, concurrency: usize, seconds: f64) -> Result<Report, CliError> {
+async fn mcp_scenario(
+    url: &str,
+    key: Option<&str>,
+    concurrency: usize,
+    seconds: f64,
+) -> Result<Report, CliError> {
     use http_body_util::{BodyExt, Full};
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
@@ -333,9 +340,11 @@ async fn mcp_scenario(url: &str, concurrency: usize, seconds: f64) -> Result<Rep
     let client: Client<_, Full<bytes::Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(concurrency)
         .build_http();
+    let bearer = key.map(|k| format!("Bearer {k}"));
     let post =
         move |client: Client<_, Full<bytes::Bytes>>, session: Option<String>, body: String| {
             let uri = uri.clone();
+            let bearer = bearer.clone();
             async move {
                 let mut req = http::Request::post(uri)
                     .header(http::header::CONTENT_TYPE, "application/json")
@@ -343,6 +352,9 @@ async fn mcp_scenario(url: &str, concurrency: usize, seconds: f64) -> Result<Rep
                     .header("mcp-protocol-version", "2025-11-25");
                 if let Some(s) = &session {
                     req = req.header("mcp-session-id", s);
+                }
+                if let Some(b) = &bearer {
+                    req = req.header(http::header::AUTHORIZATION, b);
                 }
                 let req = req
                     .body(Full::new(bytes::Bytes::from(body)))
@@ -417,13 +429,18 @@ async fn mcp_scenario(url: &str, concurrency: usize, seconds: f64) -> Result<Rep
     ))
 }
 
-async fn sandbox_scenario(addr: &str, runs: usize, concurrency: usize) -> Result<Report, CliError> {
+async fn sandbox_scenario(
+    addr: &str,
+    key: Option<&str>,
+    runs: usize,
+    concurrency: usize,
+) -> Result<Report, CliError> {
     let concurrency = concurrency.max(1);
-    let client = connect(addr).await?;
+    let client = connect(addr, key).await?;
     let args = json!({"language": "python", "code": "print(1)"}).to_string();
     let call = {
         let args = args.clone();
-        move |mut client: ToolServiceClient<Channel>| {
+        move |mut client: Client| {
             let args = args.clone();
             async move {
                 let t = Instant::now();
@@ -479,7 +496,7 @@ async fn sandbox_scenario(addr: &str, runs: usize, concurrency: usize) -> Result
 }
 
 async fn call_ok(
-    client: &mut ToolServiceClient<Channel>,
+    client: &mut Client,
     tool: &str,
     args: &serde_json::Value,
     session: &str,
@@ -559,7 +576,7 @@ fn grep_corpus(dir: &std::path::Path, want: usize) -> Vec<(String, String)> {
 }
 
 async fn session_scenarios(addr: &str, args: &BenchArgs) -> Result<Vec<Report>, CliError> {
-    let mut client = connect(addr).await?;
+    let mut client = connect(addr, args.api_key.as_deref()).await?;
     let mut out = Vec::new();
     let runs = args.session_runs.max(1);
 
@@ -847,6 +864,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             addr
         }
     };
+    let key = args.api_key.as_deref();
     if !args.json {
         println!(
             "{:<28} {:>4} {:>9} {:>6} {:>12} {:>10} {:>10}",
@@ -854,11 +872,19 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         );
     }
     for &c in args.concurrency.iter().filter(|_| !args.no_inline) {
-        let r = inline_scenario(&addr, "echo", r#"{"message":"hello"}"#, c, args.seconds).await?;
+        let r = inline_scenario(
+            &addr,
+            key,
+            "echo",
+            r#"{"message":"hello"}"#,
+            c,
+            args.seconds,
+        )
+        .await?;
         print_report(&r, args.json);
         // The same call through MCP, right after gRPC's on the same machine state.
         if let Some(url) = mcp_url.as_deref().filter(|_| !args.no_mcp) {
-            let m = mcp_scenario(url, c, args.seconds).await?;
+            let m = mcp_scenario(url, key, c, args.seconds).await?;
             print_report(&m, args.json);
             if !args.json {
                 println!(
@@ -870,6 +896,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         }
         let r = inline_scenario(
             &addr,
+            key,
             "calculator",
             r#"{"expression":"2 + 3 * sqrt(16)"}"#,
             c,
@@ -883,7 +910,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         for &c in &args.sandbox_concurrency {
             let before = args.rss_pid.and_then(rss_kib);
             let sampler = args.rss_pid.map(sample_rss);
-            let r = sandbox_scenario(&addr, args.sandbox_runs, c).await?;
+            let r = sandbox_scenario(&addr, key, args.sandbox_runs, c).await?;
             if c == 1 || sandbox_p50 == 0 {
                 sandbox_p50 = r.p50_us;
             }

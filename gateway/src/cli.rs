@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{Value, json};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use toolrun_proto::v1 as pb;
 use toolrun_proto::v1::tool_service_client::ToolServiceClient;
@@ -153,6 +154,117 @@ pub enum Command {
     },
     /// Load-generate against a gateway and report latency and throughput.
     Bench(crate::bench::BenchArgs),
+    /// Re-run the recorded calls of deterministic tools in an audit file (`toolrun serve
+    /// --audit-file`) and report any whose verdict or output hash differs; exit 1 if any.
+    Replay {
+        /// The audit file (JSON lines).
+        file: PathBuf,
+        /// The configuration the calls ran with (tool settings).
+        #[arg(long, env = "TOOLRUN_CONFIG")]
+        config: Option<PathBuf>,
+    },
+    /// Make, list or revoke API keys in a keys file (`toolrun serve --api-keys FILE`; a
+    /// running gateway picks the change up within `auth.reload_interval_seconds`).
+    Keys {
+        /// What to do.
+        #[command(subcommand)]
+        action: KeysAction,
+    },
+}
+
+/// `toolrun keys ...`.
+#[derive(Debug, Subcommand)]
+pub enum KeysAction {
+    /// Make a key for a tenant: prints it once (only its hash is stored).
+    Create {
+        /// The keys file (created if missing).
+        #[arg(long, env = "TOOLRUN_API_KEYS")]
+        file: PathBuf,
+        /// The tenant the key authenticates as.
+        #[arg(long)]
+        tenant: String,
+        /// A label for the key (who holds it), to revoke it by.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List the keys (tenant, name, hash prefix, creation time).
+    List {
+        /// The keys file.
+        #[arg(long, env = "TOOLRUN_API_KEYS")]
+        file: PathBuf,
+    },
+    /// Revoke keys by name, or by hash prefix (at least 8 hex digits).
+    Revoke {
+        /// The keys file.
+        #[arg(long, env = "TOOLRUN_API_KEYS")]
+        file: PathBuf,
+        /// The key's name or hash prefix.
+        which: String,
+    },
+}
+
+/// `toolrun replay`: prints one line per record and a summary; the exit code.
+async fn replay(file: &std::path::Path, config: Option<&std::path::Path>) -> i32 {
+    let config = match config.map(crate::config::Config::load).transpose() {
+        Ok(c) => c.unwrap_or_default(),
+        Err(e) => {
+            eprintln!("toolrun replay: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    match crate::audit::replay(file, &config, &mut std::io::stdout()).await {
+        Ok(s) => {
+            println!(
+                "replay: {} replayed ({} same, {} differ), {} listed, not replayed",
+                s.same + s.differ,
+                s.same,
+                s.differ,
+                s.skipped
+            );
+            if s.differ > 0 { EXIT_TOOL_FAILED } else { 0 }
+        }
+        Err(e) => {
+            eprintln!("toolrun replay: {e}");
+            EXIT_USAGE
+        }
+    }
+}
+
+/// Runs `toolrun keys`; returns the exit code.
+pub fn keys(action: KeysAction) -> Result<i32, crate::auth::keys::KeysError> {
+    use crate::auth::keys;
+    match action {
+        KeysAction::Create { file, tenant, name } => {
+            let key = keys::create(&file, &tenant, name.as_deref())?;
+            eprintln!(
+                "toolrun: key for tenant {tenant} added to {} (only its hash is stored; this is \
+                 the only time the key is shown)",
+                file.display()
+            );
+            println!("{key}");
+        }
+        KeysAction::List { file } => {
+            println!("{:<24} {:<20} {:<18} CREATED", "TENANT", "NAME", "SHA256");
+            for k in keys::list(&file)? {
+                println!(
+                    "{:<24} {:<20} {:<18} {}",
+                    k.tenant,
+                    k.name.as_deref().unwrap_or("-"),
+                    &k.sha256[..16.min(k.sha256.len())],
+                    k.created.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        KeysAction::Revoke { file, which } => {
+            let n = keys::revoke(&file, &which)?;
+            if n == 0 {
+                eprintln!("toolrun: no key named {which:?} or with that hash prefix");
+                return Ok(EXIT_USAGE);
+            }
+            println!("revoked {n} key(s)");
+        }
+    }
+    Ok(0)
 }
 
 /// `toolrun session ...`.
@@ -207,6 +319,10 @@ pub struct Conn {
         global = true
     )]
     pub addr: String,
+    /// API key, sent as `authorization: Bearer <key>` (prefer the environment variable:
+    /// a command line is visible to other users of the machine).
+    #[arg(long, env = "TOOLRUN_API_KEY", hide_env_values = true, global = true)]
+    pub api_key: Option<String>,
 }
 
 /// `toolrun tools --format`.
@@ -274,8 +390,32 @@ impl CliError {
     }
 }
 
-/// Connects to the gateway.
-pub async fn connect(addr: &str) -> Result<ToolServiceClient<Channel>, CliError> {
+/// Adds the API key to every request.
+#[derive(Debug, Clone)]
+pub struct ApiKey(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for ApiKey {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            req.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(req)
+    }
+}
+
+/// A gateway client that sends the API key.
+pub type Client = ToolServiceClient<InterceptedService<Channel, ApiKey>>;
+
+/// Connects to the gateway; `api_key` goes with every request.
+pub async fn connect(addr: &str, api_key: Option<&str>) -> Result<Client, CliError> {
+    let key = match api_key.map(str::trim).filter(|k| !k.is_empty()) {
+        None => None,
+        Some(k) => Some(
+            format!("Bearer {k}")
+                .parse()
+                .map_err(|_| CliError::Usage("the API key is not printable ASCII".into()))?,
+        ),
+    };
     let endpoint = Channel::from_shared(addr.to_string())
         .map_err(|e| CliError::Usage(format!("bad --addr {addr:?}: {e}")))?
         .tcp_nodelay(true);
@@ -286,7 +426,7 @@ pub async fn connect(addr: &str) -> Result<ToolServiceClient<Channel>, CliError>
             addr: addr.to_string(),
             source,
         })?;
-    Ok(ToolServiceClient::new(channel)
+    Ok(ToolServiceClient::with_interceptor(channel, ApiKey(key))
         .max_decoding_message_size(64 * 1024 * 1024)
         .max_encoding_message_size(64 * 1024 * 1024))
 }
@@ -324,7 +464,9 @@ pub fn result_json(r: &pb::ToolResult) -> Value {
 /// Runs a client subcommand; returns the exit code.
 pub async fn run_client(command: Command) -> Result<i32, CliError> {
     match command {
-        Command::Serve(_) | Command::Bench(_) => unreachable!("handled by the caller"),
+        Command::Serve(_) | Command::Bench(_) | Command::Keys { .. } | Command::Replay { .. } => {
+            unreachable!("handled by the caller")
+        }
         Command::Tools { conn, format } => tools(&conn, format).await,
         Command::Session { conn, action } => session(&conn, action).await,
         Command::Approvals {
@@ -363,7 +505,7 @@ pub async fn run_client(command: Command) -> Result<i32, CliError> {
         } if !session.is_empty() => {
             // In a session a call may wait for approval: stream, to say so while it waits.
             let result = call_streaming(
-                &conn.addr,
+                &conn,
                 pb::CallToolRequest {
                     call_id,
                     tool,
@@ -387,7 +529,7 @@ pub async fn run_client(command: Command) -> Result<i32, CliError> {
             call_id,
             ..
         } => {
-            let mut client = connect(&conn.addr).await?;
+            let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
             let resp = client
                 .call_tool(pb::CallToolRequest {
                     call_id,
@@ -444,7 +586,7 @@ pub async fn run_client(command: Command) -> Result<i32, CliError> {
             if let Some(t) = timeout {
                 arguments["timeout"] = json!(t);
             }
-            run_streaming(&conn.addr, arguments, session).await
+            run_streaming(&conn, arguments, session).await
         }
     }
 }
@@ -458,8 +600,8 @@ fn print_approval_notice(a: &pb::Approval) {
 }
 
 /// A call through StreamTool, saying on stderr when it waits for approval; returns the result.
-async fn call_streaming(addr: &str, req: pb::CallToolRequest) -> Result<pb::ToolResult, CliError> {
-    let mut client = connect(addr).await?;
+async fn call_streaming(conn: &Conn, req: pb::CallToolRequest) -> Result<pb::ToolResult, CliError> {
+    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
     let mut stream = client.stream_tool(req).await?.into_inner();
     while let Some(event) = stream.message().await? {
         match event.event {
@@ -505,7 +647,7 @@ fn session_json(s: &pb::Session) -> Value {
 }
 
 async fn session(conn: &Conn, action: SessionAction) -> Result<i32, CliError> {
-    let mut client = connect(&conn.addr).await?;
+    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
     match action {
         SessionAction::Create {
             id,
@@ -619,7 +761,7 @@ async fn approvals(
     watch: bool,
     as_json: bool,
 ) -> Result<i32, CliError> {
-    let mut client = connect(&conn.addr).await?;
+    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
     if !watch {
         let list = client
             .list_approvals(pb::ListApprovalsRequest {
@@ -663,7 +805,7 @@ async fn decide(
             return Err(CliError::Usage("--args must be a JSON object".into()));
         }
     }
-    let mut client = connect(&conn.addr).await?;
+    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
     let r = client
         .decide_approval(pb::DecideApprovalRequest {
             approval_id,
@@ -684,8 +826,8 @@ async fn decide(
     Ok(0)
 }
 
-async fn run_streaming(addr: &str, arguments: Value, session_id: String) -> Result<i32, CliError> {
-    let mut client = connect(addr).await?;
+async fn run_streaming(conn: &Conn, arguments: Value, session_id: String) -> Result<i32, CliError> {
+    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
     let mut stream = client
         .stream_tool(pb::CallToolRequest {
             call_id: String::new(),
@@ -756,7 +898,7 @@ async fn call_from(
         std::fs::read_to_string(file)
             .map_err(|e| CliError::Usage(format!("cannot read {file}: {e}")))?
     };
-    let mut client = connect(&conn.addr).await?;
+    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
     let resp = client
         .call_provider_tools(pb::CallProviderToolsRequest {
             provider: provider.name().into(),
@@ -776,7 +918,7 @@ async fn call_from(
 }
 
 async fn tools(conn: &Conn, format: ToolsFormat) -> Result<i32, CliError> {
-    let mut client = connect(&conn.addr).await?;
+    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
     let wire_format = match format {
         ToolsFormat::Table | ToolsFormat::Json => pb::ToolFormat::Unspecified,
         ToolsFormat::Openai => pb::ToolFormat::Openai,
@@ -910,6 +1052,14 @@ pub fn main() -> i32 {
                     }
                 }
             }
+            Command::Replay { file, config } => replay(&file, config.as_deref()).await,
+            Command::Keys { action } => match keys(action) {
+                Ok(code) => code,
+                Err(e) => {
+                    eprintln!("toolrun keys: {e}");
+                    EXIT_USAGE
+                }
+            },
             Command::Bench(args) => match crate::bench::run(args).await {
                 Ok(()) => 0,
                 Err(e) => {

@@ -61,6 +61,10 @@ pub struct Config {
     pub sessions: SessionsConfig,
     /// The MCP (and HTTP) listener.
     pub mcp: McpConfig,
+    /// API keys and tenants.
+    pub auth: crate::auth::AuthConfig,
+    /// The durable audit file.
+    pub audit: crate::audit::AuditConfig,
 }
 
 /// Settings of the MCP listener (`mcp`): which `Host` and `Origin` headers it accepts, on
@@ -693,6 +697,9 @@ impl Config {
         self.sandbox.limits.validate("sandbox.limits")?;
         self.sandbox.kubernetes.validate("sandbox.kubernetes")?;
         self.sessions.validate()?;
+        self.auth
+            .validate(&self.sessions, self.sandbox.max_concurrent_runs)?;
+        self.audit.validate()?;
         if self.sandbox.max_concurrent_runs == Some(0) {
             return Err(ConfigError::Invalid {
                 key: "sandbox.max_concurrent_runs".into(),
@@ -747,6 +754,8 @@ mod tests {
         let c = Config::load(Path::new(path)).expect("example loads");
         assert_eq!(c.sessions, SessionsConfig::default());
         assert_eq!(c.mcp, McpConfig::default());
+        assert_eq!(c.auth, crate::auth::AuthConfig::default());
+        assert_eq!(c.audit, crate::audit::AuditConfig::default());
         assert_eq!(
             c.tools.get("shell").and_then(|t| t.timeout_ms),
             Some(MAX_SHELL_TIMEOUT_MS)

@@ -57,6 +57,9 @@ pub enum ErrorCode {
     Unauthenticated,
     /// The caller may not use this tool or session.
     Forbidden,
+    /// The caller's tenant is over a limit (calls per minute, runs in flight); details
+    /// carry `retry_after_ms`.
+    ResourceExhausted,
 }
 
 impl ErrorCode {
@@ -89,6 +92,7 @@ impl ErrorCode {
             ErrorCode::QuotaExceeded => "QUOTA_EXCEEDED",
             ErrorCode::Unauthenticated => "UNAUTHENTICATED",
             ErrorCode::Forbidden => "FORBIDDEN",
+            ErrorCode::ResourceExhausted => "RESOURCE_EXHAUSTED",
         }
     }
 }

@@ -1,6 +1,10 @@
-//! The per-call flow (DESIGN.md "Execution flow"): look up -> capability check -> validate
-//! arguments -> execute with timeout -> validate and normalise output -> hash -> audit ->
-//! result. Every failure becomes a typed result; nothing here returns an RPC error.
+//! The per-call flow (DESIGN.md "Execution flow", seed 003): look up -> the tenant's
+//! allowed tools and capability check -> resource check (the tenant's calls per minute)
+//! -> validate arguments -> session (the tenant's own) and approval -> the tenant's
+//! sandboxed-run slot -> execute with timeout -> validate and normalise output -> hash ->
+//! audit (with the tenant) -> result. Every failure becomes a typed result; nothing here
+//! returns an RPC error. The caller's tenant comes in [`CallRequest::tenant`], resolved
+//! once per request by the front door's auth layer ([`crate::auth`]).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -13,13 +17,15 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::approval::{ApprovalInfo, Approvals, DecideError, Decision, WaitOutcome};
+use crate::audit::{AuditRecord, AuditSink};
+use crate::auth::{LimitError, Tenant};
 use crate::canonical::{blake3_hex, canonical_with_hash};
 use crate::config::ApprovalMode;
 use crate::error::{ErrorCode, ToolError};
 use crate::metrics::{CallLabels, Metrics, ToolLabels};
 use crate::registry::{Entry, Registry};
 use crate::session::{SessionError, SessionManager};
-use crate::tool::{CallContext, StreamChunk, plain_ask};
+use crate::tool::{CallContext, Determinism, StreamChunk, plain_ask};
 
 /// Buffered live events per streaming call; a slow reader loses output chunks (the final
 /// result still carries the captured output) rather than stalling the sandbox.
@@ -49,6 +55,15 @@ pub struct CallRequest {
     pub timeout_ms: u32,
     /// Caller's session.
     pub session_id: String,
+    /// The caller's tenant (`None`: the anonymous tenant of a gateway without keys).
+    pub tenant: Option<Arc<Tenant>>,
+}
+
+impl CallRequest {
+    /// The caller's tenant.
+    pub fn tenant(&self) -> Arc<Tenant> {
+        self.tenant.clone().unwrap_or_else(Tenant::anonymous)
+    }
 }
 
 /// One call's result.
@@ -83,6 +98,7 @@ pub struct Executor {
     sandbox_grace: Duration,
     sessions: Option<Arc<SessionManager>>,
     approvals: Arc<Approvals>,
+    audit: Option<Arc<AuditSink>>,
 }
 
 /// What a started call reports: live output and approvals, then its outcome.
@@ -178,7 +194,14 @@ impl Executor {
             sandbox_grace: SANDBOX_GRACE,
             sessions: None,
             approvals: Arc::new(Approvals::new()),
+            audit: None,
         }
+    }
+
+    /// Also appends every call's audit event to `audit` (the durable JSON-lines file).
+    pub fn with_audit(mut self, audit: Option<Arc<AuditSink>>) -> Self {
+        self.audit = audit;
+        self
     }
 
     /// Serves sessions from `sessions` (and approvals from its table).
@@ -245,6 +268,7 @@ impl Executor {
     /// them again, and asks anew if they need a stronger approval.
     pub fn decide(
         &self,
+        tenant: &Tenant,
         approval_id: &str,
         approve: bool,
         arguments_json: &str,
@@ -256,7 +280,7 @@ impl Executor {
             } else {
                 let info = self
                     .approvals
-                    .get(approval_id)
+                    .get(approval_id, &tenant.name)
                     .ok_or_else(|| DecideError::NotFound(approval_id.to_string()))?;
                 let args = parse_arguments(arguments_json)
                     .map_err(|e| DecideFailure::InvalidArguments(e.message))?;
@@ -275,7 +299,7 @@ impl Executor {
                 message: message.to_string(),
             }
         };
-        Ok(self.approvals.decide(approval_id, decision)?)
+        Ok(self.approvals.decide(approval_id, &tenant.name, decision)?)
     }
 
     /// Gives sandboxed tools `start_allowance` more before the executor gives up on
@@ -311,12 +335,25 @@ impl Executor {
         };
         let call_id = call_id.as_str();
         let args_hash = blake3_hex(req.arguments_json.as_bytes());
-        let (tool, result) = match self.registry.get(&req.tool) {
-            None => (req.tool.clone(), Err(self.unknown_tool(&req.tool))),
+        let tenant = req.tenant();
+        let entry = self.registry.get(&req.tool).cloned();
+        let determinism = entry.as_ref().map(|e| e.tool.metadata().determinism);
+        let (tool, result) = match entry {
+            None => (req.tool.clone(), Err(self.unknown_tool(&req.tool, &tenant))),
+            Some(entry) if !tenant.may_use(entry.id()) => (
+                entry.id().to_string(),
+                Err(ToolError::new(
+                    ErrorCode::Forbidden,
+                    format!(
+                        "tenant {:?} may not use tool {:?} (auth.tenants.*.tools)",
+                        tenant.display_name(),
+                        entry.id()
+                    ),
+                )),
+            ),
             Some(entry) => {
-                let entry = entry.clone();
                 let result = self
-                    .run_entry(&entry, &req, call_id, start, stream, cancel)
+                    .run_entry(&entry, &req, &tenant, call_id, start, stream, cancel)
                     .await;
                 (entry.id().to_string(), result)
             }
@@ -338,6 +375,7 @@ impl Executor {
         let code = error.as_ref().map_or("OK", |e| e.code.as_str());
         tracing::info!(
             target: "toolrun::audit",
+            tenant = %tenant.display_name(),
             tool = %tool,
             call_id = %call_id,
             session_id = %req.session_id,
@@ -347,6 +385,18 @@ impl Executor {
             duration_us = duration.as_micros() as u64,
             "tool call"
         );
+        if let Some(sink) = &self.audit {
+            sink.write(&self.audit_record(
+                &req,
+                &tenant,
+                &tool,
+                call_id,
+                determinism,
+                (&args_hash, &output_hash),
+                code,
+                duration,
+            ));
+        }
         self.metrics
             .calls
             .get_or_create(&CallLabels {
@@ -368,8 +418,58 @@ impl Executor {
         }
     }
 
-    fn unknown_tool(&self, name: &str) -> ToolError {
-        let known: Vec<&str> = self.registry.enabled().map(|e| e.id()).collect();
+    /// The audit file's record of a call; its arguments only where replay can use them.
+    #[allow(clippy::too_many_arguments)]
+    fn audit_record(
+        &self,
+        req: &CallRequest,
+        tenant: &Tenant,
+        tool: &str,
+        call_id: &str,
+        determinism: Option<Determinism>,
+        (args_hash, output_hash): (&str, &str),
+        verdict: &str,
+        duration: Duration,
+    ) -> AuditRecord {
+        let replayable = matches!(
+            determinism,
+            Some(Determinism::Deterministic | Determinism::Bounded)
+        ) && req.session_id.is_empty();
+        let max = self
+            .audit
+            .as_ref()
+            .map_or(0, |s| s.max_argument_bytes as usize);
+        let arguments = (replayable && req.arguments_json.len() <= max)
+            .then(|| parse_arguments(&req.arguments_json).ok())
+            .flatten();
+        AuditRecord {
+            ts_ms: crate::session::SessionManager::unix_ms(std::time::SystemTime::now()),
+            tenant: tenant.display_name().to_string(),
+            tool: tool.to_string(),
+            call_id: call_id.to_string(),
+            session_id: req.session_id.clone(),
+            determinism: match determinism {
+                Some(Determinism::Deterministic) => "deterministic",
+                Some(Determinism::Bounded) => "bounded",
+                Some(Determinism::NonDeterministic) => "non_deterministic",
+                None => "unknown",
+            }
+            .to_string(),
+            args_hash: args_hash.to_string(),
+            output_hash: output_hash.to_string(),
+            verdict: verdict.to_string(),
+            duration_us: duration.as_micros() as u64,
+            arguments,
+        }
+    }
+
+    fn unknown_tool(&self, name: &str, tenant: &Tenant) -> ToolError {
+        let known: Vec<&str> = self
+            .registry
+            .enabled()
+            .map(|e| e.id())
+            .filter(|id| tenant.may_use(id))
+            .collect();
         ToolError::new(
             ErrorCode::UnknownTool,
             format!("unknown tool {name:?}; available: {}", known.join(", ")),
@@ -377,10 +477,12 @@ impl Executor {
         .with_details(json!({ "available": known }))
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn run_entry(
         &self,
         entry: &Arc<Entry>,
         req: &CallRequest,
+        tenant: &Tenant,
         call_id: &str,
         start: Instant,
         stream: Option<mpsc::Sender<StreamChunk>>,
@@ -393,13 +495,20 @@ impl Executor {
                 format!("tool {:?} is disabled by configuration", meta.id),
             ));
         }
-        // Callers hold no capabilities yet, so a tool that requires any is refused.
-        if let Some(cap) = meta.required_capabilities.first() {
+        // Seed 003: the capability check, then the resource check, before anything runs
+        // (both refusals are audited as every outcome is, by `call`).
+        if let Some(cap) = tenant.missing_capability(meta.required_capabilities) {
             return Err(ToolError::new(
                 ErrorCode::PermissionDenied,
-                format!("tool {:?} requires capability {cap:?}", meta.id),
-            ));
+                format!(
+                    "tool {:?} requires capability {cap:?}, which tenant {:?} does not hold",
+                    meta.id,
+                    tenant.display_name()
+                ),
+            )
+            .with_details(json!({ "capability": cap, "tenant": tenant.display_name() })));
         }
+        tenant.admit_call().map_err(limit_error)?;
         let mut args = parse_arguments(&req.arguments_json)?;
         validate(&entry.validator, &args)?;
 
@@ -407,7 +516,7 @@ impl Executor {
         // the session cancels the call.
         let session = match req.session_id.as_str() {
             "" => None,
-            id => Some(self.session(id)?),
+            id => Some(self.session(id, &tenant.name)?),
         };
         let _in_session = session.as_ref().map(|s| s.begin_call());
         let cancel = match &session {
@@ -437,6 +546,7 @@ impl Executor {
             cancel: cancel.clone(),
             stream,
             session: session.clone(),
+            tenant: tenant.name.clone(),
         };
         let approved = match &session {
             Some(s) => {
@@ -467,6 +577,12 @@ impl Executor {
             timeout + self.sandbox_grace
         } else {
             timeout
+        };
+        // The tenant's own bound on sandboxed runs, held while the tool runs.
+        let _run_slot = if meta.sandbox_required {
+            tenant.begin_run().map_err(limit_error)?
+        } else {
+            None
         };
         let fut = AssertUnwindSafe(entry.tool.call(args, &ctx)).catch_unwind();
         let result = tokio::select! {
@@ -518,14 +634,14 @@ impl Executor {
         Ok(value)
     }
 
-    fn session(&self, id: &str) -> Result<Arc<crate::session::Session>, ToolError> {
+    fn session(&self, id: &str, tenant: &str) -> Result<Arc<crate::session::Session>, ToolError> {
         let Some(mgr) = &self.sessions else {
             return Err(ToolError::new(
                 ErrorCode::SessionNotFound,
                 format!("no session {id:?}: this gateway serves no sessions"),
             ));
         };
-        mgr.get(id).map_err(|e| match e {
+        mgr.get(id, tenant).map_err(|e| match e {
             SessionError::NotFound(_) => ToolError::new(ErrorCode::SessionNotFound, e.to_string()),
             other => ToolError::new(ErrorCode::Internal, other.to_string()),
         })
@@ -582,6 +698,7 @@ impl Executor {
                 deadline = deadline.min(d);
             }
             let waiter = self.approvals.ask(
+                &ctx.tenant,
                 &ctx.session_id,
                 &ctx.call_id,
                 meta.id,
@@ -654,6 +771,14 @@ impl Executor {
             ),
         ))
     }
+}
+
+/// A tenant's limit as a result: RESOURCE_EXHAUSTED with when to retry (the front doors
+/// turn a lone call's into their transport's overload answer).
+fn limit_error(e: LimitError) -> ToolError {
+    let retry_after_ms = e.retry_after().as_millis() as u64;
+    ToolError::new(ErrorCode::ResourceExhausted, e.to_string())
+        .with_details(json!({ "retry_after_ms": retry_after_ms }))
 }
 
 /// Parses the arguments: JSON text holding an object (empty text means `{}`).

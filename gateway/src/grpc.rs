@@ -5,6 +5,12 @@
 //! transport: `resource_exhausted` (oversize batch, too many sessions), `deadline_exceeded`
 //! (a zero deadline); and for the session and approval RPCs, which are not tool calls:
 //! `not_found`, `already_exists`, `invalid_argument`, `failed_precondition` (no sessions).
+//!
+//! Every request arrives authenticated (the auth layer, [`crate::auth`]) with its tenant in
+//! the extensions; handlers pass it on to the executor, the sessions and the approvals,
+//! which enforce what it may do. A lone call refused for the tenant's limits (CallTool,
+//! StreamTool) is `resource_exhausted` with a `retry-after` (seconds) in the metadata;
+//! inside a batch it is that call's result (RESOURCE_EXHAUSTED, `retry_after_ms` in details).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,6 +24,7 @@ use tonic::{Request, Response, Status};
 use toolrun_proto::v1 as pb;
 
 use crate::approval::{ApprovalInfo, ApprovalKind};
+use crate::auth::{Caller, Tenant};
 use crate::config::ApprovalMode;
 use crate::error::ErrorCode;
 use crate::exec::{CallEvent, CallOutcome, CallRequest, DecideFailure, Executor};
@@ -60,6 +67,7 @@ impl ToolService {
     fn call_request(
         deadline: Option<Duration>,
         c: pb::CallToolRequest,
+        tenant: &Arc<Tenant>,
     ) -> Result<CallRequest, Status> {
         let mut timeout_ms = c.timeout_ms;
         if let Some(deadline) = deadline {
@@ -81,6 +89,7 @@ impl ToolService {
             arguments_json: c.arguments_json,
             timeout_ms,
             session_id: c.session_id,
+            tenant: Some(tenant.clone()),
         })
     }
 
@@ -102,12 +111,37 @@ impl ToolService {
     }
 }
 
+/// The transport's answer to a lone call refused for its tenant's limits.
+fn over_limit(o: &CallOutcome) -> Option<Status> {
+    let e = o.error.as_ref()?;
+    if e.code != ErrorCode::ResourceExhausted {
+        return None;
+    }
+    let retry_ms = e
+        .details
+        .as_ref()
+        .and_then(|d| d["retry_after_ms"].as_u64())
+        .unwrap_or(1000);
+    let mut status = Status::resource_exhausted(e.message.clone());
+    status.metadata_mut().insert(
+        "retry-after",
+        retry_ms.div_ceil(1000).to_string().parse().expect("digits"),
+    );
+    status.metadata_mut().insert(
+        "retry-after-ms",
+        retry_ms.to_string().parse().expect("digits"),
+    );
+    Some(status)
+}
+
 fn session_status(e: SessionError) -> Status {
     match e {
         SessionError::NotFound(_) => Status::not_found(e.to_string()),
         SessionError::AlreadyExists(_) => Status::already_exists(e.to_string()),
         SessionError::Invalid(_) => Status::invalid_argument(e.to_string()),
-        SessionError::TooMany(_) => Status::resource_exhausted(e.to_string()),
+        SessionError::TooMany(_) | SessionError::TenantTooMany { .. } => {
+            Status::resource_exhausted(e.to_string())
+        }
         SessionError::Storage(_) => Status::internal(e.to_string()),
     }
 }
@@ -221,6 +255,7 @@ pub fn error_code(c: ErrorCode) -> pb::ErrorCode {
         ErrorCode::QuotaExceeded => P::QuotaExceeded,
         ErrorCode::Unauthenticated => P::Unauthenticated,
         ErrorCode::Forbidden => P::Forbidden,
+        ErrorCode::ResourceExhausted => P::ResourceExhausted,
     }
 }
 
@@ -299,10 +334,12 @@ impl pb::tool_service_server::ToolService for ToolService {
             Ok(pb::ToolFormat::Gemini) => Some(Format::Gemini),
             Err(_) => return Err(Status::invalid_argument("unknown ToolFormat value")),
         };
+        let tenant = Caller::of(request.extensions());
         let tools = self
             .executor
             .registry()
             .enabled()
+            .filter(|e| tenant.may_use(e.id()))
             .map(|e| definition(e, format))
             .collect();
         Ok(Response::new(pb::ListToolsResponse { tools }))
@@ -314,8 +351,12 @@ impl pb::tool_service_server::ToolService for ToolService {
     ) -> Result<Response<pb::CallToolResponse>, Status> {
         // Moved, not cloned: arguments can be megabytes.
         let deadline = grpc_timeout(&request);
-        let call = Self::call_request(deadline, request.into_inner())?;
+        let tenant = Caller::of(request.extensions());
+        let call = Self::call_request(deadline, request.into_inner(), &tenant)?;
         let outcome = self.run(call).await;
+        if let Some(status) = over_limit(&outcome) {
+            return Err(status);
+        }
         Ok(Response::new(pb::CallToolResponse {
             result: Some(to_proto(outcome)),
         }))
@@ -332,11 +373,12 @@ impl pb::tool_service_server::ToolService for ToolService {
             )));
         }
         let deadline = grpc_timeout(&request);
+        let tenant = Caller::of(request.extensions());
         let calls: Vec<CallRequest> = request
             .into_inner()
             .calls
             .into_iter()
-            .map(|c| Self::call_request(deadline, c))
+            .map(|c| Self::call_request(deadline, c, &tenant))
             .collect::<Result<_, _>>()?;
         let results = futures::future::join_all(calls.into_iter().map(|c| self.run(c))).await;
         Ok(Response::new(pb::CallToolsResponse {
@@ -351,7 +393,8 @@ impl pb::tool_service_server::ToolService for ToolService {
         request: Request<pb::CallToolRequest>,
     ) -> Result<Response<Self::StreamToolStream>, Status> {
         let deadline = grpc_timeout(&request);
-        let call = Self::call_request(deadline, request.into_inner())?;
+        let tenant = Caller::of(request.extensions());
+        let call = Self::call_request(deadline, request.into_inner(), &tenant)?;
         let (event_tx, event_rx) = mpsc::channel::<Result<pb::ToolEvent, Status>>(16);
         let mut handle = self.executor.start(call, &self.hard_stop, true);
         // The deadline bounds the whole stream, not only the handler (which returns at once):
@@ -377,9 +420,15 @@ impl pb::tool_service_server::ToolService for ToolService {
                 let Some(event) = next else { return };
                 let event = match event {
                     CallEvent::Chunk(chunk) => chunk_event(chunk),
-                    CallEvent::Done(outcome) => pb::ToolEvent {
-                        event: Some(pb::tool_event::Event::Result(to_proto(outcome))),
-                    },
+                    CallEvent::Done(outcome) => {
+                        if let Some(status) = over_limit(&outcome) {
+                            let _ = event_tx.send(Err(status)).await;
+                            return;
+                        }
+                        pb::ToolEvent {
+                            event: Some(pb::tool_event::Event::Result(to_proto(outcome))),
+                        }
+                    }
                 };
                 if event_tx.send(Ok(event)).await.is_err() {
                     // The client is gone: dropping the handle cancels the call.
@@ -394,6 +443,7 @@ impl pb::tool_service_server::ToolService for ToolService {
         &self,
         request: Request<pb::CreateSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
+        let tenant = Caller::of(request.extensions());
         let r = request.into_inner();
         let approval_mode = match pb::ApprovalMode::try_from(r.approval_mode) {
             Ok(pb::ApprovalMode::Unspecified) => None,
@@ -410,7 +460,10 @@ impl pb::tool_service_server::ToolService for ToolService {
         let mgr = self.sessions()?.clone();
         let req = CreateSession {
             session_id: r.session_id,
-            approval_mode,
+            approval_mode: approval_mode.or(tenant.approval_mode),
+            tenant: tenant.name.clone(),
+            tenant_max_sessions: tenant.max_sessions,
+            workspace_size_mb: tenant.workspace_size_mb,
             idle_timeout: (r.idle_timeout_seconds > 0)
                 .then(|| Duration::from_secs(u64::from(r.idle_timeout_seconds))),
         };
@@ -426,20 +479,22 @@ impl pb::tool_service_server::ToolService for ToolService {
         &self,
         request: Request<pb::GetSessionRequest>,
     ) -> Result<Response<pb::Session>, Status> {
+        let tenant = Caller::of(request.extensions());
         let s = self
             .sessions()?
-            .get(&request.get_ref().session_id)
+            .get(&request.get_ref().session_id, &tenant.name)
             .map_err(session_status)?;
         Ok(Response::new(session_proto(&s)))
     }
 
     async fn list_sessions(
         &self,
-        _request: Request<pb::ListSessionsRequest>,
+        request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
+        let tenant = Caller::of(request.extensions());
         let sessions = self
             .sessions()?
-            .list()
+            .list_for(&tenant.name)
             .iter()
             .map(|s| session_proto(s))
             .collect();
@@ -450,10 +505,11 @@ impl pb::tool_service_server::ToolService for ToolService {
         &self,
         request: Request<pb::CloseSessionRequest>,
     ) -> Result<Response<pb::CloseSessionResponse>, Status> {
+        let tenant = Caller::of(request.extensions());
         let id = request.into_inner().session_id;
         let (session, cancelled) = self
             .sessions()?
-            .close(&id, "CloseSession")
+            .close(&id, &tenant.name, "CloseSession")
             .await
             .map_err(session_status)?;
         Ok(Response::new(pb::CloseSessionResponse {
@@ -466,11 +522,15 @@ impl pb::tool_service_server::ToolService for ToolService {
         &self,
         request: Request<pb::ListApprovalsRequest>,
     ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+        let tenant = Caller::of(request.extensions());
         let session = &request.get_ref().session_id;
         let approvals = self
             .executor
             .approvals()
-            .list((!session.is_empty()).then_some(session.as_str()))
+            .list(
+                (!session.is_empty()).then_some(session.as_str()),
+                &tenant.name,
+            )
             .iter()
             .map(approval_proto)
             .collect();
@@ -483,9 +543,13 @@ impl pb::tool_service_server::ToolService for ToolService {
         &self,
         request: Request<pb::WatchApprovalsRequest>,
     ) -> Result<Response<Self::WatchApprovalsStream>, Status> {
+        let tenant = Caller::of(request.extensions());
         let session = request.into_inner().session_id;
         let filter = (!session.is_empty()).then_some(session);
-        let (pending, mut rx) = self.executor.approvals().watch(filter.as_deref());
+        let (pending, mut rx) = self
+            .executor
+            .approvals()
+            .watch(filter.as_deref(), &tenant.name);
         let (tx, out) = mpsc::channel::<Result<pb::Approval, Status>>(64);
         let stop = self.hard_stop.clone();
         tokio::spawn(async move {
@@ -500,7 +564,7 @@ impl pb::tool_service_server::ToolService for ToolService {
                 let a = tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = tx.closed() => return,
-                    r = rx.recv() => match r {
+                    r = rx.next() => match r {
                         Ok(a) => a,
                         Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
                             tracing::warn!(missed = n, "approval watcher too slow");
@@ -509,9 +573,6 @@ impl pb::tool_service_server::ToolService for ToolService {
                         Err(_) => return,
                     },
                 };
-                if filter.as_ref().is_some_and(|s| s != &a.session_id) {
-                    continue;
-                }
                 // Asked between subscribing and listing: already sent.
                 if sent.remove(&a.approval_id) {
                     continue;
@@ -528,6 +589,7 @@ impl pb::tool_service_server::ToolService for ToolService {
         &self,
         request: Request<pb::DecideApprovalRequest>,
     ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
+        let tenant = Caller::of(request.extensions());
         let r = request.into_inner();
         if !r.approve && !r.arguments_json.trim().is_empty() {
             return Err(Status::invalid_argument(
@@ -536,7 +598,13 @@ impl pb::tool_service_server::ToolService for ToolService {
         }
         let info = self
             .executor
-            .decide(&r.approval_id, r.approve, &r.arguments_json, &r.message)
+            .decide(
+                &tenant,
+                &r.approval_id,
+                r.approve,
+                &r.arguments_json,
+                &r.message,
+            )
             .map_err(|e| match e {
                 DecideFailure::NotFound(e) => Status::not_found(e.to_string()),
                 DecideFailure::InvalidArguments(m) => Status::invalid_argument(format!(
@@ -554,12 +622,13 @@ impl pb::tool_service_server::ToolService for ToolService {
         request: Request<pb::CallProviderToolsRequest>,
     ) -> Result<Response<pb::CallProviderToolsResponse>, Status> {
         let deadline = grpc_timeout(&request);
+        let tenant = Caller::of(request.extensions());
         let r = request.into_inner();
         let provider = Provider::from_name(&r.provider).map_err(provider_status)?;
         let (message, calls) =
             crate::providers::parse_message(provider, &r.message_json).map_err(provider_status)?;
         // Each call as CallTool would take it (the client's deadline bounds every call).
-        let requests = crate::providers::requests(&calls, &r.session_id, 0)
+        let requests = crate::providers::requests(&calls, &r.session_id, 0, &tenant)
             .into_iter()
             .map(|c| {
                 Self::call_request(
@@ -571,6 +640,7 @@ impl pb::tool_service_server::ToolService for ToolService {
                         timeout_ms: c.timeout_ms,
                         session_id: c.session_id,
                     },
+                    &tenant,
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;

@@ -51,6 +51,7 @@ pub fn router(
     executor: Arc<Executor>,
     hard_stop: CancellationToken,
     settings: &HttpSettings,
+    auth: Arc<crate::auth::Auth>,
 ) -> Router {
     let providers =
         crate::providers::http::router(Arc::new(crate::providers::http::ProviderHttp {
@@ -64,7 +65,11 @@ pub fn router(
             hard_stop,
             settings.max_body_bytes,
         ))
-        .merge(providers);
+        .merge(providers)
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            crate::auth::require_key,
+        ));
     guarded(routes, settings)
 }
 

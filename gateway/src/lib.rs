@@ -6,6 +6,8 @@
 
 pub mod admin;
 pub mod approval;
+pub mod audit;
+pub mod auth;
 pub mod bench;
 pub mod canonical;
 pub mod cli;

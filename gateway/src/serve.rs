@@ -15,6 +15,7 @@ use toolrun_proto::v1 as pb;
 
 use crate::admin::{self, AdminState};
 use crate::approval::Approvals;
+use crate::auth::{Auth, GrpcAuthLayer};
 use crate::config::{BackendKind, Config, ConfigError, DEFAULT_KUBERNETES_CONCURRENT_RUNS};
 use crate::exec::Executor;
 use crate::grpc::ToolService;
@@ -67,6 +68,18 @@ pub struct ServeArgs {
     /// directory). Unset (only in embedded use): a private temporary directory.
     #[arg(long, env = "TOOLRUN_STATE_DIR", default_value = "/var/lib/toolrun")]
     pub state_dir: Option<PathBuf>,
+    /// API keys file (overrides `auth.keys_file`; made by `toolrun keys create`): every
+    /// gRPC, MCP and HTTP request then needs `authorization: Bearer <key>`.
+    #[arg(long, env = "TOOLRUN_API_KEYS")]
+    pub api_keys: Option<PathBuf>,
+    /// Serve without authentication on a non-loopback address (anyone who reaches the
+    /// port runs code). Without keys, only loopback listeners are allowed otherwise.
+    #[arg(long, env = "TOOLRUN_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+    /// Also append every call's audit event to this JSON-lines file (overrides
+    /// `audit.file`; rotated at `audit.max_file_bytes`; `toolrun replay FILE` re-runs it).
+    #[arg(long, env = "TOOLRUN_AUDIT_FILE")]
+    pub audit_file: Option<PathBuf>,
 }
 
 impl Default for ServeArgs {
@@ -84,6 +97,9 @@ impl Default for ServeArgs {
             backend: None,
             namespace: None,
             state_dir: None,
+            api_keys: None,
+            insecure_no_auth: false,
+            audit_file: None,
         }
     }
 }
@@ -141,6 +157,23 @@ pub enum ServeError {
     /// The state dir or the sessions in it could not be opened.
     #[error("sessions: {0}")]
     Sessions(#[from] crate::session::SessionError),
+    /// The audit file could not be opened.
+    #[error("{0}")]
+    Audit(std::io::Error),
+    /// The API keys file could not be loaded.
+    #[error("authentication: {0}")]
+    Keys(#[from] crate::auth::keys::KeysError),
+    /// A non-loopback listener without authentication.
+    #[error(
+        "refusing to serve without authentication on {addr} (not a loopback address): anyone \
+         who reaches it could run code. Give API keys (--api-keys FILE or auth.keys_file; make \
+         one with `toolrun keys create --tenant NAME --file FILE`), listen on 127.0.0.1, or \
+         pass --insecure-no-auth if something in front authenticates callers"
+    )]
+    Insecure {
+        /// The listener.
+        addr: SocketAddr,
+    },
 }
 
 /// A running gateway.
@@ -207,6 +240,12 @@ pub fn effective_config(args: &ServeArgs) -> Result<Config, ConfigError> {
     if let Some(ns) = &args.namespace {
         config.sandbox.kubernetes.namespace = ns.clone();
     }
+    if let Some(keys) = &args.api_keys {
+        config.auth.keys_file = Some(keys.clone());
+    }
+    if let Some(file) = &args.audit_file {
+        config.audit.file = Some(file.clone());
+    }
     if config.sandbox.backend == BackendKind::Kubernetes
         && config.sandbox.max_concurrent_runs.is_none()
     {
@@ -216,9 +255,36 @@ pub fn effective_config(args: &ServeArgs) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
+/// The authenticator: keys when configured; without them, the safe default: only
+/// loopback listeners (gRPC and MCP) unless `--insecure-no-auth`.
+pub fn build_auth(args: &ServeArgs, config: &Config) -> Result<Arc<Auth>, ServeError> {
+    if let Some(path) = &config.auth.keys_file {
+        return Ok(Auth::with_keys(path, config)?);
+    }
+    let exposed = std::iter::once(args.listen)
+        .chain(match args.mcp_listen {
+            Listen::On(a) => Some(a),
+            Listen::Off => None,
+        })
+        .find(|a| !a.ip().is_loopback());
+    match exposed {
+        Some(addr) if !args.insecure_no_auth => Err(ServeError::Insecure { addr }),
+        Some(addr) => {
+            tracing::warn!(%addr, "--insecure-no-auth: serving WITHOUT authentication on a non-loopback address");
+            Ok(Auth::disabled())
+        }
+        None => {
+            tracing::info!("no API keys: serving without authentication (loopback only)");
+            Ok(Auth::disabled())
+        }
+    }
+}
+
 /// Builds everything and starts serving; returns once both listeners are bound.
 pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let config = effective_config(&args)?;
+    let auth = build_auth(&args, &config)?;
+    let audit = crate::audit::AuditSink::open(&config.audit).map_err(ServeError::Audit)?;
     let metrics = Arc::new(Metrics::new());
     let mut start_allowance = Duration::ZERO;
     let serve_sessions = config.sandbox.backend == BackendKind::Local;
@@ -288,7 +354,8 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let executor = Arc::new(
         Executor::new(registry, metrics.clone())
             .with_start_allowance(start_allowance)
-            .with_sessions_opt(sessions.clone()),
+            .with_sessions_opt(sessions.clone())
+            .with_audit(audit),
     );
 
     let grpc_listener =
@@ -343,6 +410,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     if let Some(s) = &sessions {
         s.spawn_reaper(hard_stop.clone());
     }
+    auth.spawn_reloader(hard_stop.clone());
     let admin_state = Arc::new(AdminState {
         ready: false.into(),
         metrics,
@@ -372,7 +440,12 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     // Stops the gRPC and HTTP listeners (the drain begins).
     let grpc_stop = CancellationToken::new();
     let mcp = mcp_listener.map(|listener| {
-        let router = crate::http::router(executor.clone(), hard_stop.clone(), &http_settings);
+        let router = crate::http::router(
+            executor.clone(),
+            hard_stop.clone(),
+            &http_settings,
+            auth.clone(),
+        );
         crate::http::serve(listener, router, grpc_stop.clone())
     });
     let service = ToolService::new(executor, hard_stop.clone()).into_server(args.max_message_bytes);
@@ -405,6 +478,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
     let grpc = tonic::transport::Server::builder()
         .layer(tower::layer::layer_fn(ZeroDeadline))
+        .layer(GrpcAuthLayer(auth))
         .layer(tower::util::MapResponseLayer::new(
             oversize_is_resource_exhausted,
         ))

@@ -88,7 +88,8 @@ pub struct ToolMetadata {
     pub side_effect: SideEffect,
     /// Determinism.
     pub determinism: Determinism,
-    /// Capabilities a caller must hold (none of the built-ins need any yet).
+    /// Capabilities the caller's tenant must hold (seed 003): `execute` (runs programs),
+    /// `filesystem.read`, `filesystem.write` (workspace files), `network`.
     pub required_capabilities: &'static [&'static str],
     /// Default approval policy.
     pub approval: ApprovalPolicy,
@@ -148,6 +149,8 @@ pub struct CallContext {
     pub stream: Option<mpsc::Sender<StreamChunk>>,
     /// The session the call runs in, when it names one.
     pub session: Option<Arc<Session>>,
+    /// The caller's tenant (empty: anonymous); remote backends label their runs with it.
+    pub tenant: String,
 }
 
 impl CallContext {
@@ -172,6 +175,7 @@ impl CallContext {
             cancel: CancellationToken::new(),
             stream: None,
             session: None,
+            tenant: String::new(),
         }
     }
 }

@@ -108,6 +108,7 @@ fn sandbox_run(language: Language, code: &str, timeout_ms: u64, call_id: &str) -
         limits,
         tool: "run_code".into(),
         call_id: call_id.into(),
+        tenant: "team-k".into(),
         workspace: None,
     }
 }
@@ -288,6 +289,10 @@ async fn run_code_creates_the_expected_toolrun_and_maps_its_status() {
         ensure!(tr.name_any().starts_with("run-"), "{}", tr.name_any());
         ensure!(tr.labels()["app.kubernetes.io/created-by"] == "toolrun-gateway");
         ensure!(tr.labels()["toolrun.dev/call-id"] == toolrun_crd::labels::label_value("call/ü 1"));
+        ensure!(
+            tr.labels()["toolrun.dev/tenant"] == "team-k",
+            "the tenant label"
+        );
         ensure!(s.tool == "run_code" && s.call_id == "call/ü 1", "{s:?}");
         ensure!(s.language == "javascript");
         ensure!(s.code == "console.log(process.argv[2])");

@@ -59,7 +59,13 @@ async fn http_server() -> (std::net::SocketAddr, CancellationToken) {
         executor,
         hard_stop: stop.clone(),
         max_body_bytes: MAX_BYTES,
-    }));
+    }))
+    // Every route sits behind the auth layer (a request that bypassed it may use nothing);
+    // without keys it admits every caller as the anonymous tenant.
+    .layer(axum::middleware::from_fn_with_state(
+        toolrun::auth::Auth::disabled(),
+        toolrun::auth::require_key,
+    ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let token = stop.clone();

@@ -8,6 +8,7 @@ run as root (the sandbox makes namespaces and cgroups; session workspaces are lo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -19,7 +20,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Optional, Sequence
 
 import pytest
 
@@ -67,8 +68,8 @@ def _unmount_under(root: Path) -> None:
             subprocess.run(["umount", "-l", mp], check=False)
 
 
-@pytest.fixture(scope="session")
-def gateway() -> Iterator[Gateway]:
+def toolrun_binary() -> Path:
+    """The ``toolrun`` binary under test (fails the test when missing)."""
     binary = Path(os.environ.get("TOOLRUN_BIN", REPO / "target" / "debug" / "toolrun"))
     if not binary.is_file() or not os.access(binary, os.X_OK):
         pytest.fail(
@@ -76,15 +77,24 @@ def gateway() -> Iterator[Gateway]:
             "`cargo build -p toolrun -p toolrun-runner` or set TOOLRUN_BIN",
             pytrace=False,
         )
+    return binary
+
+
+@contextlib.contextmanager
+def run_gateway(
+    extra_args: Sequence[str] = (), config: str = CONFIG, tmp: Optional[Path] = None
+) -> Iterator[Gateway]:
+    """Runs ``toolrun serve`` with ``extra_args`` until the block ends."""
+    binary = toolrun_binary()
     if os.geteuid() != 0:
         pytest.fail("the local sandbox needs root: run the SDK tests as root", pytrace=False)
-    tmp = Path(tempfile.mkdtemp(prefix="toolrun-sdk-test-")).resolve()
+    tmp = tmp or Path(tempfile.mkdtemp(prefix="toolrun-sdk-test-")).resolve()
     state = tmp / "state"
     state.mkdir()
     os.chmod(tmp, 0o755)
     os.chmod(state, 0o755)
-    config = tmp / "toolrun.yaml"
-    config.write_text(CONFIG)
+    config_file = tmp / "toolrun.yaml"
+    config_file.write_text(config)
     log = tmp / "serve.log"
     grpc_port, admin_port = _free_port(), _free_port()
     address = f"127.0.0.1:{grpc_port}"
@@ -101,11 +111,12 @@ def gateway() -> Iterator[Gateway]:
                 "--mcp-listen",
                 "off",
                 "--config",
-                str(config),
+                str(config_file),
                 "--state-dir",
                 str(state),
                 "--drain-timeout-ms",
                 "1000",
+                *extra_args,
             ],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -144,6 +155,12 @@ def gateway() -> Iterator[Gateway]:
                 proc.wait()
         _unmount_under(state)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def gateway() -> Iterator[Gateway]:
+    with run_gateway() as gw:
+        yield gw
 
 
 @pytest.fixture

@@ -77,6 +77,11 @@ fn value_key(id: &Value) -> Option<String> {
     }
 }
 
+/// The in-flight table's client key: the tenant and the client's `mcp-session-id`.
+pub fn in_flight_key(tenant: &str, client: &str) -> String {
+    format!("{tenant}\n{client}")
+}
+
 impl InFlight {
     /// Registers request `id` of `client`.
     pub fn register(self: &Arc<Self>, client: &str, id: &RequestId) -> Registration {
@@ -286,7 +291,12 @@ pub async fn intake(State(st): State<Arc<Intake>>, req: Request, next: Next) -> 
                 .ok()
                 .and_then(|v| v.get("params")?.get("requestId").cloned());
             if let (Some(client), Some(id)) = (client, request_id) {
-                let found = st.in_flight.cancel(&client, &id);
+                // Only the tenant's own calls: another tenant using the same client id
+                // cancels nothing.
+                let tenant = crate::auth::Caller::of(&parts.extensions);
+                let found = st
+                    .in_flight
+                    .cancel(&in_flight_key(&tenant.name, &client), &id);
                 tracing::info!(request_id = %id, found, "MCP client cancelled a request");
             }
             // A notification gets no answer but "accepted", whatever it named.

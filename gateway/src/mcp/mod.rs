@@ -20,6 +20,11 @@
 //! - Approvals: a call that needs one waits for `toolrun approve` / `DecideApproval`, as over
 //!   gRPC, announcing it in a progress notification. MCP elicitation needs a server-to-client
 //!   request on a session, which a stateless server cannot route, so it is not used.
+//! - Authentication: the listener's auth layer ([`crate::auth`]) admits a request with a
+//!   valid `authorization: Bearer <key>` (401 with `WWW-Authenticate` otherwise) and puts
+//!   its tenant in the request's extensions: `tools/list` shows the tenant's allowed tools,
+//!   `tools/call` runs as the tenant, and cancellation by notification reaches only the
+//!   tenant's own calls.
 //! - Protocol versions 2025-06-18, 2025-11-25 (the `initialize` handshake) and 2026-07-28
 //!   (`server/discover`, per-request metadata), all stateless: no server-side session state,
 //!   so replicas behind one Service answer any request.
@@ -45,6 +50,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::{Caller, Tenant};
 use crate::error::{ErrorCode, ToolError};
 use crate::exec::{CallEvent, CallRequest, Executor};
 use crate::tool::StreamChunk;
@@ -145,6 +151,11 @@ impl McpHandler {
             }),
         }
     }
+}
+
+/// The request's tenant, put in its extensions by the auth layer ([`crate::auth`]).
+fn caller(parts: Option<&http::request::Parts>) -> Arc<Tenant> {
+    Caller::of(&parts.map(|p| p.extensions.clone()).unwrap_or_default())
 }
 
 /// The session a call names, from `_meta`, the header or the URL; differing values are an
@@ -254,9 +265,12 @@ impl ServerHandler for McpHandler {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.inner.tools.clone()))
+        let tenant = caller(context.extensions.get::<http::request::Parts>());
+        let mut tools = self.inner.tools.clone();
+        tools.retain(|t| tenant.may_use(&t.name));
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -270,6 +284,7 @@ impl ServerHandler for McpHandler {
     ) -> Result<CallToolResponse, McpError> {
         let inner = &self.inner;
         let parts = context.extensions.get::<http::request::Parts>();
+        let tenant = caller(parts);
         let meta = &context.meta.0.0;
         let (session_id, timeout_ms) = match (session_id(meta, parts), timeout_ms(meta)) {
             (Ok(s), Ok(t)) => (s, t),
@@ -284,7 +299,11 @@ impl ServerHandler for McpHandler {
         let registration = parts
             .and_then(|p| p.headers.get(SESSION_HEADER))
             .and_then(|v| v.to_str().ok())
-            .map(|client| inner.in_flight.register(client, &context.id));
+            .map(|client| {
+                inner
+                    .in_flight
+                    .register(&intake::in_flight_key(&tenant.name, client), &context.id)
+            });
         let by_notification = registration
             .as_ref()
             .map_or_else(CancellationToken::new, |r| r.cancelled.clone());
@@ -295,6 +314,7 @@ impl ServerHandler for McpHandler {
                 arguments_json,
                 timeout_ms,
                 session_id,
+                tenant: Some(tenant),
             },
             &inner.hard_stop,
             token.is_some(),

@@ -7,7 +7,9 @@
 //! like gRPC messages (`--max-message-bytes`). Errors are JSON
 //! `{"error": {"code", "message"}}`: `404 unknown_provider` (with the `providers` list),
 //! `400 not_json` / `bad_message` / `no_tool_calls` / `bad_session`, `413 body_too_large` /
-//! `too_many_calls`. A failed call is not an error: it is that call's result.
+//! `too_many_calls`, `401 unauthenticated` (no valid API key, from the listener's auth
+//! layer), `429 resource_exhausted` with `Retry-After` (every call of the message over the
+//! tenant's limits). A failed call is not an error: it is that call's result.
 //!
 //! This module only builds the [`axum::Router`]; the MCP listener mounts it.
 
@@ -49,6 +51,15 @@ pub fn router(state: Arc<ProviderHttp>) -> Router {
         .with_state(state)
 }
 
+fn all_over_limit(outcomes: &[crate::exec::CallOutcome]) -> bool {
+    !outcomes.is_empty()
+        && outcomes.iter().all(|o| {
+            o.error
+                .as_ref()
+                .is_some_and(|e| e.code == crate::error::ErrorCode::ResourceExhausted)
+        })
+}
+
 fn error(status: StatusCode, code: &str, message: String) -> Response {
     (
         status,
@@ -83,6 +94,7 @@ fn provider_error(e: ProviderError) -> Response {
 
 async fn tool_calls(
     State(state): State<Arc<ProviderHttp>>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     Path(provider): Path<String>,
     query: Result<Query<HashMap<String, String>>, QueryRejection>,
     headers: HeaderMap,
@@ -151,9 +163,29 @@ async fn tool_calls(
         provider,
         text,
         &session_id,
+        &caller.map_or_else(crate::auth::Tenant::nobody, |c| c.0.0.clone()),
     )
     .await
     {
+        // Every call refused for the tenant's limits: the transport's overload answer.
+        Ok(ran) if all_over_limit(&ran.outcomes) => {
+            let retry_ms = ran
+                .outcomes
+                .iter()
+                .filter_map(|o| o.error.as_ref()?.details.as_ref()?["retry_after_ms"].as_u64())
+                .min()
+                .unwrap_or(1000);
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(header::RETRY_AFTER, retry_ms.div_ceil(1000).to_string())],
+                axum::Json(json!({"error": {
+                    "code": "resource_exhausted",
+                    "message": ran.outcomes[0].error.as_ref().map(|e| e.message.clone()).unwrap_or_default(),
+                    "retry_after_ms": retry_ms,
+                }})),
+            )
+                .into_response()
+        }
         Ok(ran) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],

@@ -39,6 +39,7 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Tenant;
 use crate::exec::{CallOutcome, CallRequest, Executor};
 use crate::registry::Entry;
 
@@ -209,7 +210,12 @@ pub fn parse_message(
 
 /// The executor's requests for `calls`: the provider's id as the call id (the executor
 /// makes one when empty), `session_id` on every call.
-pub fn requests(calls: &[ProviderCall], session_id: &str, timeout_ms: u32) -> Vec<CallRequest> {
+pub fn requests(
+    calls: &[ProviderCall],
+    session_id: &str,
+    timeout_ms: u32,
+    tenant: &Arc<Tenant>,
+) -> Vec<CallRequest> {
     calls
         .iter()
         .map(|c| CallRequest {
@@ -218,6 +224,7 @@ pub fn requests(calls: &[ProviderCall], session_id: &str, timeout_ms: u32) -> Ve
             arguments_json: c.arguments_json.clone(),
             timeout_ms,
             session_id: session_id.to_string(),
+            tenant: Some(tenant.clone()),
         })
         .collect()
 }
@@ -253,9 +260,10 @@ pub async fn run(
     provider: Provider,
     text: &str,
     session_id: &str,
+    tenant: &Arc<Tenant>,
 ) -> Result<Ran, ProviderError> {
     let (message, calls) = parse_message(provider, text)?;
-    let outcomes = execute(executor, parent, requests(&calls, session_id, 0)).await;
+    let outcomes = execute(executor, parent, requests(&calls, session_id, 0, tenant)).await;
     let results = provider.render(&message, &calls, &outcomes);
     Ok(Ran { outcomes, results })
 }

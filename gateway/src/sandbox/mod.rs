@@ -58,6 +58,8 @@ pub struct SandboxRun {
     pub tool: String,
     /// The caller's call id; recorded by remote backends.
     pub call_id: String,
+    /// The caller's tenant (empty: anonymous); remote backends label their runs with it.
+    pub tenant: String,
     /// A session's workspace: this host directory is mounted read-write at `/workspace`
     /// (the program's working directory is then `spec.workdir`, normally `/workspace`).
     /// `None` for one-shot runs.

@@ -7,6 +7,10 @@
 //! `<state-dir>/sessions/<id>.json` (written via a temporary file and rename); the record's
 //! modification time is the session's last use, so a restart restores every live session
 //! with its files and expires the ones whose idle time ran out while the gateway was down.
+//!
+//! A session belongs to the tenant that created it: to any other tenant it does not exist
+//! (get, list, close and calls answer as for an unknown id), and a tenant's open sessions
+//! count against its own `limits.sessions` as well as the server's maximum.
 
 pub mod volume;
 
@@ -124,6 +128,16 @@ pub enum SessionError {
         "{0} sessions are open, the configured maximum (sessions.max_sessions); close one first"
     )]
     TooMany(usize),
+    /// The tenant has as many sessions open as its limit allows.
+    #[error(
+        "tenant {tenant:?} has {limit} sessions open, its limit (limits.sessions); close one first"
+    )]
+    TenantTooMany {
+        /// The tenant.
+        tenant: String,
+        /// Its limit.
+        limit: usize,
+    },
     /// The workspace could not be made or removed.
     #[error("workspace: {0}")]
     Storage(String),
@@ -133,6 +147,9 @@ pub enum SessionError {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
     session_id: String,
+    /// The owning tenant (empty: the anonymous tenant of a gateway without keys).
+    #[serde(default)]
+    tenant: String,
     approval_mode: ApprovalMode,
     idle_timeout_seconds: u64,
     created_at_ms: i64,
@@ -142,6 +159,8 @@ struct Record {
 pub struct Session {
     /// The id.
     pub id: String,
+    /// The tenant it belongs to.
+    pub tenant: String,
     /// The approval mode.
     pub approval_mode: ApprovalMode,
     /// Expires after this long without a call.
@@ -263,6 +282,12 @@ pub struct CreateSession {
     pub approval_mode: Option<ApprovalMode>,
     /// None = the server's default.
     pub idle_timeout: Option<Duration>,
+    /// The tenant creating it (its owner).
+    pub tenant: String,
+    /// The tenant's own bound on its open sessions.
+    pub tenant_max_sessions: Option<usize>,
+    /// The tenant's workspace size, MiB (None = the server's).
+    pub workspace_size_mb: Option<u64>,
 }
 
 /// The sessions of one gateway.
@@ -273,8 +298,9 @@ pub struct SessionManager {
     ephemeral: bool,
     volumes: Volumes,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
-    /// Ids being created (count against the maximum, refuse duplicates).
-    creating: Mutex<Vec<String>>,
+    /// Ids being created, with their tenants (count against the maximums, refuse
+    /// duplicates).
+    creating: Mutex<Vec<(String, String)>>,
     approvals: Arc<Approvals>,
     /// Held for the manager's life: one gateway per state dir.
     _lock: std::fs::File,
@@ -403,6 +429,7 @@ impl SessionManager {
             .with_owner(SANDBOX_ID, SANDBOX_ID);
         Ok(Arc::new(Session {
             id: rec.session_id.clone(),
+            tenant: rec.tenant.clone(),
             approval_mode: rec.approval_mode,
             idle_timeout: Duration::from_secs(rec.idle_timeout_seconds),
             created_at: UNIX_EPOCH + Duration::from_millis(rec.created_at_ms.max(0) as u64),
@@ -497,24 +524,38 @@ impl SessionManager {
         {
             let table = self.table();
             let mut creating = self.creating.lock().unwrap_or_else(|e| e.into_inner());
-            if table.contains_key(&id) || creating.contains(&id) || self.record_path(&id).exists() {
+            if table.contains_key(&id)
+                || creating.iter().any(|(c, _)| *c == id)
+                || self.record_path(&id).exists()
+            {
                 return Err(SessionError::AlreadyExists(id));
             }
             let open = table.len() + creating.len();
             if open >= self.config.max_sessions {
                 return Err(SessionError::TooMany(open));
             }
-            creating.push(id.clone());
+            if let Some(limit) = req.tenant_max_sessions {
+                let own = table.values().filter(|s| s.tenant == req.tenant).count()
+                    + creating.iter().filter(|(_, t)| *t == req.tenant).count();
+                if own >= limit {
+                    return Err(SessionError::TenantTooMany {
+                        tenant: req.tenant.clone(),
+                        limit,
+                    });
+                }
+            }
+            creating.push((id.clone(), req.tenant.clone()));
         }
-        let result = self.create_inner(&id, req.approval_mode, idle);
+        let result = self.create_inner(&id, &req, idle);
         self.creating
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|c| c != &id);
+            .retain(|(c, _)| c != &id);
         let session = result?;
         self.table().insert(id.clone(), session.clone());
         tracing::info!(
             session_id = %id,
+            tenant = %session.tenant,
             approval_mode = session.approval_mode.as_str(),
             idle_timeout_s = idle.as_secs(),
             "session created"
@@ -525,20 +566,33 @@ impl SessionManager {
     fn create_inner(
         &self,
         id: &str,
-        mode: Option<ApprovalMode>,
+        req: &CreateSession,
         idle: Duration,
     ) -> Result<Arc<Session>, SessionError> {
         let now = SystemTime::now();
         let rec = Record {
             session_id: id.to_string(),
-            approval_mode: mode.unwrap_or(self.config.default_approval_mode),
+            tenant: req.tenant.clone(),
+            approval_mode: req
+                .approval_mode
+                .unwrap_or(self.config.default_approval_mode),
             idle_timeout_seconds: idle.as_secs(),
             created_at_ms: ms(now),
         };
-        let dir = self
-            .volumes
-            .create(id)
-            .map_err(|e| SessionError::Storage(e.0))?;
+        let dir = match req.workspace_size_mb {
+            Some(mb) if mb < self.config.workspace_size_mb => {
+                let files = self.config.workspace_max_files.min(
+                    SessionsConfig {
+                        workspace_size_mb: mb,
+                        ..self.config.clone()
+                    }
+                    .max_files_for_size(),
+                );
+                self.volumes.create_sized(id, mb << 20, files)
+            }
+            _ => self.volumes.create(id),
+        }
+        .map_err(|e| SessionError::Storage(e.0))?;
         let write_record = || -> std::io::Result<()> {
             let path = self.record_path(id);
             let tmp = path.with_extension("json.tmp");
@@ -560,26 +614,46 @@ impl SessionManager {
         }
     }
 
-    /// The open session `id`.
-    pub fn get(&self, id: &str) -> Result<Arc<Session>, SessionError> {
+    /// `tenant`'s open session `id` (another tenant's is NotFound, as an unknown id).
+    pub fn get(&self, id: &str, tenant: &str) -> Result<Arc<Session>, SessionError> {
         self.table()
             .get(id)
+            .filter(|s| s.tenant == tenant)
             .cloned()
             .ok_or_else(|| SessionError::NotFound(id.to_string()))
     }
 
-    /// Every open session, oldest first.
+    /// Every open session, oldest first (all tenants': for metrics).
     pub fn list(&self) -> Vec<Arc<Session>> {
         let mut v: Vec<Arc<Session>> = self.table().values().cloned().collect();
         v.sort_by_key(|s| s.created_at);
         v
     }
 
+    /// `tenant`'s open sessions, oldest first.
+    pub fn list_for(&self, tenant: &str) -> Vec<Arc<Session>> {
+        let mut v = self.list();
+        v.retain(|s| s.tenant == tenant);
+        v
+    }
+
+    /// Closes `tenant`'s session `id` (see [`SessionManager::close_any`]); another
+    /// tenant's is NotFound.
+    pub async fn close(
+        &self,
+        id: &str,
+        tenant: &str,
+        why: &str,
+    ) -> Result<(Arc<Session>, u32), SessionError> {
+        self.get(id, tenant)?;
+        self.close_any(id, why).await
+    }
+
     /// Closes session `id`: new calls get SESSION_NOT_FOUND at once, running calls are
     /// cancelled (their sandboxes killed), pending approvals withdrawn, then the workspace
     /// is unmounted and deleted with the record. Returns the session and how many calls
-    /// were running.
-    pub async fn close(&self, id: &str, why: &str) -> Result<(Arc<Session>, u32), SessionError> {
+    /// were running. Whoever owns it: for the reaper and shutdown.
+    async fn close_any(&self, id: &str, why: &str) -> Result<(Arc<Session>, u32), SessionError> {
         let session = self
             .table()
             .remove(id)
@@ -606,6 +680,7 @@ impl SessionManager {
         .map_err(|e| SessionError::Storage(format!("cleanup task: {e}")))?;
         tracing::info!(
             session_id = id,
+            tenant = %session.tenant,
             reason = why,
             calls_cancelled = running,
             approvals_withdrawn = withdrawn,
@@ -626,7 +701,7 @@ impl SessionManager {
             .collect();
         let mut n = 0;
         for id in expired {
-            if let Err(e) = self.close(&id, "idle timeout").await {
+            if let Err(e) = self.close_any(&id, "idle timeout").await {
                 tracing::warn!(session_id = %id, error = %e, "expiring session failed");
             } else {
                 n += 1;
@@ -657,7 +732,7 @@ impl SessionManager {
         let ids: Vec<String> = self.table().keys().cloned().collect();
         if self.ephemeral {
             for id in ids {
-                let _ = self.close(&id, "shutdown (temporary state dir)").await;
+                let _ = self.close_any(&id, "shutdown (temporary state dir)").await;
             }
             let _ = std::fs::remove_dir_all(&self.state_dir);
             return;

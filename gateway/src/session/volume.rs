@@ -114,6 +114,20 @@ impl Volumes {
         }
     }
 
+    /// Makes and mounts a new, empty workspace of `size_bytes` and `max_files` (a
+    /// tenant's smaller workspace); returns its host directory.
+    pub fn create_sized(
+        &self,
+        id: &str,
+        size_bytes: u64,
+        max_files: u64,
+    ) -> Result<PathBuf, VolumeError> {
+        match self.kind {
+            VolumeKind::Ext4Loop => self.create_ext4(id, size_bytes, max_files),
+            VolumeKind::Directory => self.create(id),
+        }
+    }
+
     fn create_ext4(&self, id: &str, size: u64, files: u64) -> Result<PathBuf, VolumeError> {
         let img = self.image(id);
         let mnt = self.path(id);

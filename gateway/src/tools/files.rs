@@ -127,7 +127,11 @@ const fn meta(
             SideEffect::Impure
         },
         determinism: Determinism::Deterministic,
-        required_capabilities: &[],
+        required_capabilities: if read_only {
+            &["filesystem.read"]
+        } else {
+            &["filesystem.write"]
+        },
         approval,
         max_memory_bytes: None,
     }

@@ -177,6 +177,7 @@ impl SandboxPool {
                     limits: limits.clone(),
                     tool: code.tool.to_string(),
                     call_id: ctx.call_id.clone(),
+                    tenant: ctx.tenant.clone(),
                     workspace,
                 },
                 ctx.stream.clone(),
@@ -731,7 +732,7 @@ fn run_code_metadata(id: &'static str, name: &'static str) -> ToolMetadata {
         sandbox_required: true,
         side_effect: SideEffect::Impure,
         determinism: Determinism::NonDeterministic,
-        required_capabilities: &[],
+        required_capabilities: &["execute"],
         // Outside a session nothing persists; in one the program can change the workspace
         // like a shell command, so it asks as shell does.
         approval: ApprovalPolicy::Conditional,

@@ -74,7 +74,7 @@ impl TypedTool for Shell {
             sandbox_required: true,
             side_effect: SideEffect::Impure,
             determinism: Determinism::NonDeterministic,
-            required_capabilities: &[],
+            required_capabilities: &["execute"],
             approval: ApprovalPolicy::Always,
             max_memory_bytes: Some(self.limits.memory_mb << 20),
         }

@@ -63,6 +63,7 @@ pub fn spec(language: Language, code: &str, timeout_ms: u64) -> SandboxRun {
         limits,
         tool: "run_code".into(),
         call_id: "test".into(),
+        tenant: String::new(),
         workspace: None,
     }
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, Pod, Service, ServiceAccount, TCPSocketAction,
+    ConfigMap, Namespace, Pod, Secret, Service, ServiceAccount, TCPSocketAction,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
@@ -308,6 +308,7 @@ async fn default_render_matches_the_contract() {
         "RoleBinding toolrun-sandbox/toolrun-gateway",
         "RoleBinding toolrun-sandbox/toolrun-operator",
         "RoleBinding toolrun-system/toolrun-operator-leader-election",
+        "Secret toolrun-system/toolrun-gateway-keys",
         "Service toolrun-system/toolrun-gateway",
         "Service toolrun-system/toolrun-operator-metrics",
         "ServiceAccount toolrun-system/toolrun-gateway",
@@ -427,9 +428,37 @@ async fn default_render_matches_the_contract() {
             "--mcp-listen",
             "0.0.0.0:8080",
             "--config",
-            "/etc/toolrun/toolrun.yaml"
+            "/etc/toolrun/toolrun.yaml",
+            "--api-keys",
+            "/etc/toolrun-keys/keys.yaml"
         ])
     );
+    // Authentication by default: the keys file (hashes only) of the chart's Secret is
+    // mounted whole (an edited Secret reaches the pod), never the plain first key.
+    let keys = find(&objs, "Secret", Some(NS), "toolrun-gateway-keys");
+    let first = keys["data"]["first-key"].as_str().unwrap();
+    assert!(
+        !first.is_empty() && keys["data"]["keys.yaml"].is_string(),
+        "{keys}"
+    );
+    let vol = gw["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "api-keys")
+        .expect("the keys volume");
+    assert_eq!(
+        vol["secret"],
+        json!({"secretName": "toolrun-gateway-keys", "items": [{"key": "keys.yaml", "path": "keys.yaml"}]})
+    );
+    let mount = c["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "api-keys")
+        .expect("the keys mount");
+    assert_eq!(mount["mountPath"], "/etc/toolrun-keys");
+    assert!(mount.get("subPath").is_none(), "{mount}");
     // MCP accepts the Service's names (and localhost, for port-forward) as Host; no
     // browser origin.
     let gw_cm = find(&objs, "ConfigMap", Some(NS), "toolrun-gateway");
@@ -600,6 +629,95 @@ controller:
 }
 
 #[tokio::test]
+async fn auth_values_reach_the_secret_the_config_and_the_flags() {
+    let Some(helm) = helm_or_skip("auth_values_reach_the_secret_the_config_and_the_flags") else {
+        return;
+    };
+    let args = |objs: &[Value]| {
+        find(objs, "Deployment", Some(NS), "toolrun-gateway")["spec"]["template"]["spec"]
+            ["containers"][0]["args"]
+            .clone()
+    };
+    let volume = |objs: &[Value]| {
+        find(objs, "Deployment", Some(NS), "toolrun-gateway")["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "api-keys")
+            .cloned()
+    };
+    let has_keys_secret = |objs: &[Value]| {
+        objs.iter()
+            .any(|o| o["kind"] == "Secret" && o["metadata"]["name"] == "toolrun-gateway-keys")
+    };
+    // A known first key: the Secret holds it and the keys file its SHA-256 (the same as
+    // `toolrun keys create` writes), for the tenant named; tenants reach the config file.
+    let objs = render(
+        &helm,
+        &[
+            (
+                "gateway.auth.firstKey",
+                json!("trk_e2e-known-key-0123456789abcdef"),
+            ),
+            ("gateway.auth.firstKeyTenant", json!("team-x")),
+            (
+                "gateway.auth.tenants",
+                json!({"slow": {"limits": {"calls_per_minute": 6}}}),
+            ),
+        ],
+    )
+    .await
+    .unwrap();
+    let keys = find(&objs, "Secret", Some(NS), "toolrun-gateway-keys");
+    assert_eq!(
+        keys["data"]["first-key"],
+        "dHJrX2UyZS1rbm93bi1rZXktMDEyMzQ1Njc4OWFiY2RlZg=="
+    );
+    // "keys:\n- tenant: team-x\n  sha256: c69657434159f20c...e6ea\n  name: first-key\n"
+    // after the comment line.
+    assert_eq!(
+        keys["data"]["keys.yaml"],
+        "IyB0b29scnVuIEFQSSBrZXlzOiBTSEEtMjU2IGhhc2hlcyBvbmx5ICh0b29scnVuIGtleXMgY3JlYXRlIC8gcmV2b2tlKQprZXlzOgotIHRlbmFudDogdGVhbS14CiAgc2hhMjU2OiBjNjk2NTc0MzQxNTlmMjBjMzBlNzFmYmE0MjI3NjUxNzZkMGNkMjRjYjI3OTY5NjAzOTA5NmM5ZGJjODhlNmVhCiAgbmFtZTogZmlyc3Qta2V5Cg=="
+    );
+    let gw_cm = find(&objs, "ConfigMap", Some(NS), "toolrun-gateway");
+    let gw_cfg =
+        &helm::parse_manifests(gw_cm["data"]["toolrun.yaml"].as_str().unwrap()).unwrap()[0];
+    assert_eq!(
+        gw_cfg["auth"],
+        json!({"tenants": {"slow": {"limits": {"calls_per_minute": 6}}}, "default_tenant": {}})
+    );
+    // A Secret of one's own: mounted in place of the chart's, which is not made.
+    let objs = render(
+        &helm,
+        &[
+            ("gateway.auth.existingSecret", json!("my-keys")),
+            ("gateway.auth.existingSecretKey", json!("team.yaml")),
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(!has_keys_secret(&objs));
+    assert_eq!(
+        volume(&objs).unwrap()["secret"],
+        json!({"secretName": "my-keys", "items": [{"key": "team.yaml", "path": "keys.yaml"}]})
+    );
+    assert_eq!(
+        args(&objs).as_array().unwrap().last().unwrap(),
+        "/etc/toolrun-keys/keys.yaml"
+    );
+    // Off: --insecure-no-auth (the gateway refuses a non-loopback listener without either),
+    // and no Secret or volume.
+    let objs = render(&helm, &[("gateway.auth.enabled", json!(false))])
+        .await
+        .unwrap();
+    assert_eq!(
+        args(&objs).as_array().unwrap().last().unwrap(),
+        "--insecure-no-auth"
+    );
+    assert!(!has_keys_secret(&objs) && volume(&objs).is_none());
+}
+
+#[tokio::test]
 async fn values_reach_the_operator_config_and_the_pods() {
     let Some(helm) = helm_or_skip("values_reach_the_operator_config_and_the_pods") else {
         return;
@@ -702,7 +820,9 @@ async fn values_reach_the_operator_config_and_the_pods() {
             json!("--mcp-listen"),
             json!("0.0.0.0:8181"),
             json!("--config"),
-            json!("/etc/toolrun/toolrun.yaml")
+            json!("/etc/toolrun/toolrun.yaml"),
+            json!("--api-keys"),
+            json!("/etc/toolrun-keys/keys.yaml")
         ]
     );
     let gw_cm = find(&objs, "ConfigMap", Some(NS), "toolrun-gateway");
@@ -746,7 +866,12 @@ async fn values_reach_the_operator_config_and_the_pods() {
     let c = &gw["spec"]["template"]["spec"]["containers"][0];
     assert_eq!(
         c["args"].as_array().unwrap()[9..],
-        [json!("--mcp-listen"), json!("off")]
+        [
+            json!("--mcp-listen"),
+            json!("off"),
+            json!("--api-keys"),
+            json!("/etc/toolrun-keys/keys.yaml")
+        ]
     );
     assert_eq!(c["ports"].as_array().unwrap().len(), 2);
     let svc = find(&objs, "Service", Some(NS), "toolrun-gateway");
@@ -920,6 +1045,18 @@ async fn bad_values_are_rejected_with_the_key_named() {
             vec![("gateway.config", json!({"mcp": {"allowed_hosts": ["*"]}}))],
             "gateway.config.mcp: set gateway.mcp",
         ),
+        (
+            vec![("gateway.config", json!({"auth": {"keys_file": "/x"}}))],
+            "gateway.config.auth: set gateway.auth",
+        ),
+        (
+            vec![("gateway.auth.firstKeyTenant", json!("Not_A_Tenant"))],
+            "/gateway/auth/firstKeyTenant",
+        ),
+        (
+            vec![("gateway.auth.firstKey", json!("short"))],
+            "/gateway/auth/firstKey",
+        ),
     ];
     for (values, message) in cases {
         match render(&helm, &values).await {
@@ -1046,6 +1183,7 @@ async fn release_objects(client: &Client, release: &Release) -> Result<Vec<Strin
         collect!(Deployment, ns);
         collect!(Service, ns);
         collect!(ConfigMap, ns);
+        collect!(Secret, ns);
         collect!(ServiceAccount, ns);
         collect!(Role, ns);
         collect!(RoleBinding, ns);
@@ -1166,10 +1304,37 @@ async fn install_is_available_and_uninstall_leaves_only_the_crd() {
             .filter(is_ready)
             .find_map(|p| p.status.and_then(|s| s.pod_ip))
             .context("no ready gateway pod with an address")?;
-        let mut grpc = toolrun_proto::v1::tool_service_client::ToolServiceClient::connect(format!(
-            "http://{gateway_ip}:50051"
-        ))
-        .await?;
+        // Authentication is on by default: the chart's first key, read as NOTES.txt says,
+        // from its Secret; a call without it is refused.
+        let secret: Secret = Api::namespaced(client.clone(), &release.namespace)
+            .get("toolrun-gateway-keys")
+            .await?;
+        let key = secret
+            .data
+            .as_ref()
+            .and_then(|d| d.get("first-key"))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .context("Secret toolrun-gateway-keys has no first-key")?;
+        let channel = tonic::transport::Channel::from_shared(format!("http://{gateway_ip}:50051"))?
+            .connect()
+            .await?;
+        let refused =
+            toolrun_proto::v1::tool_service_client::ToolServiceClient::new(channel.clone())
+                .list_tools(toolrun_proto::v1::ListToolsRequest { format: 0 })
+                .await;
+        ensure!(
+            matches!(&refused, Err(s) if s.code() == tonic::Code::Unauthenticated),
+            "a call without a key: {refused:?}"
+        );
+        let bearer: tonic::metadata::MetadataValue<tonic::metadata::Ascii> =
+            format!("Bearer {key}").parse()?;
+        let mut grpc = toolrun_proto::v1::tool_service_client::ToolServiceClient::with_interceptor(
+            channel,
+            move |mut r: tonic::Request<()>| {
+                r.metadata_mut().insert("authorization", bearer.clone());
+                Ok(r)
+            },
+        );
         let result = grpc
             .call_tool(toolrun_proto::v1::CallToolRequest {
                 call_id: "helm-install-check".into(),

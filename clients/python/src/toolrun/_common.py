@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import math
+import os
 from typing import Any, Dict, Generic, Iterable, List, Mapping, Optional, TypeVar, Union
+
+import grpc
 
 from .types import Call
 from .v1 import toolrun_pb2 as pb
@@ -19,6 +23,50 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
 ]
+
+#: The environment variable the API key is read from when ``api_key`` is not given.
+API_KEY_ENV = "TOOLRUN_API_KEY"
+
+
+def auth_metadata(api_key: Optional[str]) -> tuple:
+    """The ``authorization`` metadata for ``api_key`` (or ``$TOOLRUN_API_KEY``); empty
+    without a key (a gateway on loopback may run without authentication)."""
+    key = (api_key if api_key is not None else os.environ.get(API_KEY_ENV, "")).strip()
+    return (("authorization", f"Bearer {key}"),) if key else ()
+
+
+class _CallDetails(
+    collections.namedtuple(
+        "_CallDetails",
+        ("method", "timeout", "metadata", "credentials", "wait_for_ready", "compression"),
+    ),
+    grpc.ClientCallDetails,
+):
+    pass
+
+
+class AuthInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """Adds the API key's metadata to every call of a synchronous channel."""
+
+    def __init__(self, metadata: tuple) -> None:
+        self._metadata = metadata
+
+    def _details(self, d: Any) -> Any:
+        return _CallDetails(
+            d.method,
+            d.timeout,
+            list(d.metadata or ()) + list(self._metadata),
+            d.credentials,
+            getattr(d, "wait_for_ready", None),
+            getattr(d, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
 
 _FORMATS: Dict[str, "pb.ToolFormat"] = {
     "openai": pb.TOOL_FORMAT_OPENAI,

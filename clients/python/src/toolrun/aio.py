@@ -16,6 +16,7 @@ from . import errors
 from ._common import (
     CHANNEL_OPTIONS,
     DEFAULT_ADDRESS,
+    auth_metadata,
     CallSpec,
     SessionTools,
     call_many_request,
@@ -42,13 +43,47 @@ from .v1 import toolrun_pb2 as pb
 from .v1 import toolrun_pb2_grpc as pb_grpc
 
 
+def _with_metadata(details: Any, metadata: tuple) -> Any:
+    extra = list(details.metadata or ()) + list(metadata)
+    return grpc.aio.ClientCallDetails(
+        details.method,
+        details.timeout,
+        grpc.aio.Metadata(*extra),
+        details.credentials,
+        details.wait_for_ready,
+    )
+
+
+class _AsyncUnaryAuth(grpc.aio.UnaryUnaryClientInterceptor):
+    """Adds the API key's metadata to every unary call."""
+
+    def __init__(self, metadata: tuple) -> None:
+        self._metadata = metadata
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_with_metadata(details, self._metadata), request)
+
+
+class _AsyncStreamAuth(grpc.aio.UnaryStreamClientInterceptor):
+    """Adds the API key's metadata to every server-streaming call."""
+
+    def __init__(self, metadata: tuple) -> None:
+        self._metadata = metadata
+
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_with_metadata(details, self._metadata), request)
+
+
 class AsyncClient:
     """A connection to a toolrun gateway over gRPC, for asyncio.
 
     Args:
         address: ``host:port`` of the gateway's gRPC listener (``http://`` is accepted too).
         timeout: Deadline in seconds for every RPC (None: no deadline).
-        channel: An existing ``grpc.aio.Channel`` to use instead of opening one.
+        channel: An existing ``grpc.aio.Channel`` to use instead of opening one (then put
+            the API key in its interceptors or call credentials yourself).
+        api_key: The gateway's API key, sent as ``authorization: Bearer <key>`` with every
+            call (default: ``$TOOLRUN_API_KEY``).
 
     The channel opens on first use, in the running event loop. Use as an async context
     manager, or await :meth:`close`.
@@ -60,9 +95,16 @@ class AsyncClient:
         timeout: Optional[float] = None,
         *,
         channel: Optional[grpc.aio.Channel] = None,
+        api_key: Optional[str] = None,
     ) -> None:
         self.address = strip_address(address)
         self.timeout = timeout
+        self._metadata = auth_metadata(api_key)
+        if channel is not None and api_key is not None:
+            raise ValueError(
+                "api_key goes with an address: with your own channel, add the key to its "
+                "interceptors"
+            )
         self._channel: Optional[grpc.aio.Channel] = channel
         self._stub_: Optional[pb_grpc.ToolServiceStub] = (
             pb_grpc.ToolServiceStub(channel)  # type: ignore[no-untyped-call]
@@ -73,7 +115,13 @@ class AsyncClient:
     @property
     def _stub(self) -> pb_grpc.ToolServiceStub:
         if self._stub_ is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            self._channel = grpc.aio.insecure_channel(
+                self.address,
+                options=CHANNEL_OPTIONS,
+                interceptors=[_AsyncUnaryAuth(self._metadata), _AsyncStreamAuth(self._metadata)]
+                if self._metadata
+                else None,
+            )
             self._stub_ = pb_grpc.ToolServiceStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub_
 

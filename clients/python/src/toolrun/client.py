@@ -11,6 +11,8 @@ from . import errors
 from ._common import (
     CHANNEL_OPTIONS,
     DEFAULT_ADDRESS,
+    AuthInterceptor,
+    auth_metadata,
     CallSpec,
     SessionTools,
     call_many_request,
@@ -46,6 +48,10 @@ class Client:
             also bounds the tool's run: the gateway never runs a call past it.
         channel: An existing ``grpc.Channel`` to use instead of opening one (``address``
             is then ignored), e.g. a secure channel.
+        api_key: The gateway's API key, sent as ``authorization: Bearer <key>`` with every
+            call (default: ``$TOOLRUN_API_KEY``; none: no authentication, as a gateway on
+            loopback without keys accepts). A missing or wrong key raises
+            :class:`~toolrun.errors.Unauthenticated`.
 
     A tool's failure is data (:class:`ToolResult` with ``ok`` false); transport failures
     raise :class:`~toolrun.errors.ToolrunError` subclasses. Use as a context manager, or
@@ -58,11 +64,18 @@ class Client:
         timeout: Optional[float] = None,
         *,
         channel: Optional[grpc.Channel] = None,
+        api_key: Optional[str] = None,
     ) -> None:
         self.address = strip_address(address)
         self.timeout = timeout
         self._channel = channel or grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
-        self._stub = pb_grpc.ToolServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        metadata = auth_metadata(api_key)
+        calls = (
+            grpc.intercept_channel(self._channel, AuthInterceptor(metadata))
+            if metadata
+            else self._channel
+        )
+        self._stub = pb_grpc.ToolServiceStub(calls)  # type: ignore[no-untyped-call]
 
     # ---- lifecycle ----
 

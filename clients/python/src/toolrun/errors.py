@@ -51,7 +51,14 @@ class InvalidArgument(ToolrunError):
 
 
 class ResourceExhausted(ToolrunError):
-    """RESOURCE_EXHAUSTED: a message too large, too many sessions or calls, overload."""
+    """RESOURCE_EXHAUSTED: a message too large, too many sessions or calls, overload.
+
+    Attributes:
+        retry_after: Seconds to wait before retrying, when the gateway said (a tenant over
+            its calls per minute or runs in flight), else None.
+    """
+
+    retry_after: Optional[float] = None
 
 
 class NotFound(ToolrunError):
@@ -115,4 +122,13 @@ def from_rpc_error(
     if code == grpc.StatusCode.NOT_FOUND:
         return not_found(details, code)
     cls = _BY_STATUS.get(code, ToolrunError) if code is not None else ToolrunError
-    return cls(details, code)
+    e = cls(details, code)
+    if isinstance(e, ResourceExhausted):
+        try:
+            trailers = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+            for k, v in trailers or ():
+                if k == "retry-after-ms":
+                    e.retry_after = int(v) / 1000.0
+        except (TypeError, ValueError):
+            pass
+    return e

@@ -135,6 +135,7 @@ pub fn tool_run(
             labels: Some(BTreeMap::from([
                 (CREATED_BY.to_string(), CREATED_BY_VALUE.to_string()),
                 (labels::CALL_ID.to_string(), labels::label_value(&call_id)),
+                (labels::TENANT.to_string(), labels::label_value(&run.tenant)),
             ])),
             ..ObjectMeta::default()
         },
@@ -283,6 +284,7 @@ mod tests {
             limits,
             tool: "code_executor".into(),
             call_id: "call 1".into(),
+            tenant: "team-a".into(),
             workspace: None,
         }
     }
@@ -299,6 +301,7 @@ mod tests {
         let labels = tr.metadata.labels.unwrap();
         assert_eq!(labels[CREATED_BY], CREATED_BY_VALUE);
         assert_eq!(labels[labels::CALL_ID], labels::label_value("call 1"));
+        assert_eq!(labels[labels::TENANT], "team-a");
         let s = tr.spec;
         assert_eq!(s.tool, "code_executor");
         assert_eq!(s.call_id, "call 1");

@@ -226,6 +226,7 @@ fn probe_run() -> SandboxRun {
         limits,
         tool: "run_code".into(),
         call_id: "startup-probe".into(),
+        tenant: String::new(),
         workspace: None,
     }
 }

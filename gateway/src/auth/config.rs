@@ -1,0 +1,246 @@
+//! The `auth:` section of the configuration file: where the API keys are, and what each
+//! tenant may do.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use toolrun_crd::labels::is_dns_label;
+
+use crate::config::{ApprovalMode, ConfigError, SessionsConfig};
+
+/// `auth:`. Authentication is on when a keys file is named here or by `--api-keys`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// The API keys file (YAML, only hashes: see `toolrun keys create`); `--api-keys`
+    /// overrides it. Unset: no authentication (allowed on loopback addresses only).
+    pub keys_file: Option<PathBuf>,
+    /// How often the keys file is read again, seconds (1..=3600; default 2): a new or
+    /// revoked key takes effect within this long, without a restart.
+    pub reload_interval_seconds: u64,
+    /// Tenants by name (the name a key maps to).
+    pub tenants: BTreeMap<String, TenantConfig>,
+    /// Settings of a tenant that a key names but `tenants` does not list.
+    pub default_tenant: TenantConfig,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig {
+            keys_file: None,
+            reload_interval_seconds: 2,
+            tenants: BTreeMap::new(),
+            default_tenant: TenantConfig::default(),
+        }
+    }
+}
+
+/// What one tenant may do.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantConfig {
+    /// Tools (ids) the tenant may list and call; unset: every enabled tool.
+    pub tools: Option<Vec<String>>,
+    /// Capabilities the tenant holds (`execute`, `filesystem.read`, `filesystem.write`,
+    /// `network`, ...); a tool requiring one the tenant lacks is refused. Unset: all.
+    pub capabilities: Option<Vec<String>>,
+    /// Approval mode of the tenant's sessions created without one (default: the server's
+    /// `sessions.default_approval_mode`).
+    pub approval_mode: Option<ApprovalMode>,
+    /// Limits; each at most the server's.
+    pub limits: TenantLimits,
+}
+
+/// A tenant's limits (unset: the server's own bound, or none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantLimits {
+    /// Sandboxed runs (run_code, shell) running at once; one more is refused with
+    /// RESOURCE_EXHAUSTED (at most `sandbox.max_concurrent_runs` when that is set).
+    pub runs_in_flight: Option<u32>,
+    /// Sessions open at once (at most `sessions.max_sessions`).
+    pub sessions: Option<u32>,
+    /// Tool calls per minute, refilled evenly (1..=1,000,000).
+    pub calls_per_minute: Option<u32>,
+    /// Calls that may come at once above the steady rate (default: `calls_per_minute`,
+    /// i.e. a minute's worth).
+    pub burst: Option<u32>,
+    /// Size of each of the tenant's session workspaces, MiB (at most
+    /// `sessions.workspace_size_mb`).
+    pub workspace_size_mb: Option<u64>,
+}
+
+/// A capability name: lowercase letters, digits, `_` and `-`, in dot-separated parts.
+pub fn valid_capability(c: &str) -> bool {
+    c == "*"
+        || (!c.is_empty()
+            && c.len() <= 64
+            && c.split('.').all(|p| {
+                !p.is_empty()
+                    && p.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-'
+                    })
+            }))
+}
+
+/// A tenant name: a DNS label (it becomes a Kubernetes label value on ToolRuns).
+pub fn valid_tenant_name(name: &str) -> bool {
+    is_dns_label(name)
+}
+
+impl AuthConfig {
+    /// Checks names and ranges, and that no tenant limit exceeds the server's.
+    pub fn validate(
+        &self,
+        sessions: &SessionsConfig,
+        max_concurrent_runs: Option<usize>,
+    ) -> Result<(), ConfigError> {
+        if !(1..=3600).contains(&self.reload_interval_seconds) {
+            return Err(ConfigError::Invalid {
+                key: "auth.reload_interval_seconds".into(),
+                message: format!("{} is out of range 1..=3600", self.reload_interval_seconds),
+            });
+        }
+        self.default_tenant
+            .validate("auth.default_tenant", sessions, max_concurrent_runs)?;
+        for (name, t) in &self.tenants {
+            let key = format!("auth.tenants.{name}");
+            if !valid_tenant_name(name) {
+                return Err(ConfigError::Invalid {
+                    key,
+                    message: "a tenant name is 1-63 lowercase letters, digits and '-', \
+                              starting and ending with a letter or digit"
+                        .into(),
+                });
+            }
+            t.validate(&key, sessions, max_concurrent_runs)?;
+        }
+        Ok(())
+    }
+}
+
+impl TenantConfig {
+    fn validate(
+        &self,
+        key: &str,
+        sessions: &SessionsConfig,
+        max_concurrent_runs: Option<usize>,
+    ) -> Result<(), ConfigError> {
+        let invalid = |field: &str, message: String| ConfigError::Invalid {
+            key: format!("{key}.{field}"),
+            message,
+        };
+        for (i, c) in self.capabilities.iter().flatten().enumerate() {
+            if !valid_capability(c) {
+                return Err(invalid(
+                    &format!("capabilities[{i}]"),
+                    format!("{c:?} is not a capability name (e.g. execute, filesystem.write)"),
+                ));
+            }
+        }
+        let l = &self.limits;
+        let server_runs = max_concurrent_runs.map_or(u64::from(u32::MAX), |n| n as u64);
+        let checks: [(&str, Option<u64>, u64, u64, &str); 5] = [
+            (
+                "runs_in_flight",
+                l.runs_in_flight.map(u64::from),
+                1,
+                server_runs,
+                "sandbox.max_concurrent_runs",
+            ),
+            (
+                "sessions",
+                l.sessions.map(u64::from),
+                1,
+                sessions.max_sessions as u64,
+                "sessions.max_sessions",
+            ),
+            (
+                "calls_per_minute",
+                l.calls_per_minute.map(u64::from),
+                1,
+                1_000_000,
+                "",
+            ),
+            ("burst", l.burst.map(u64::from), 1, 1_000_000, ""),
+            (
+                "workspace_size_mb",
+                l.workspace_size_mb,
+                16,
+                sessions.workspace_size_mb,
+                "sessions.workspace_size_mb",
+            ),
+        ];
+        for (name, value, lo, hi, server_key) in checks {
+            if let Some(v) = value
+                && !(lo..=hi).contains(&v)
+            {
+                let why = if server_key.is_empty() || v < lo {
+                    format!("{v} is out of range {lo}..={hi}")
+                } else {
+                    format!("{v} exceeds the server's {server_key} ({hi})")
+                };
+                return Err(invalid(&format!("limits.{name}"), why));
+            }
+        }
+        if l.burst.is_some() && l.calls_per_minute.is_none() {
+            return Err(invalid(
+                "limits.burst",
+                "goes with limits.calls_per_minute".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    #[test]
+    fn tenant_limits_are_capped_by_the_servers() {
+        let c = Config::from_yaml(
+            "auth:\n  keys_file: /k.yaml\n  tenants:\n    team-a:\n      tools: [calculator]\n      \
+             capabilities: [execute]\n      approval_mode: none\n      limits: {runs_in_flight: 2, \
+             sessions: 3, calls_per_minute: 60, burst: 5, workspace_size_mb: 64}\n",
+        )
+        .unwrap();
+        assert_eq!(c.auth.tenants["team-a"].limits.burst, Some(5));
+        for (yaml, key) in [
+            ("tenants: {Bad_Name: {}}", "auth.tenants.Bad_Name"),
+            (
+                "tenants: {a: {limits: {sessions: 100000}}}",
+                "auth.tenants.a.limits.sessions",
+            ),
+            (
+                "tenants: {a: {limits: {workspace_size_mb: 4096}}}",
+                "auth.tenants.a.limits.workspace_size_mb",
+            ),
+            (
+                "tenants: {a: {capabilities: ['Exec ute']}}",
+                "auth.tenants.a.capabilities[0]",
+            ),
+            (
+                "default_tenant: {limits: {burst: 3}}",
+                "auth.default_tenant.limits.burst",
+            ),
+            ("reload_interval_seconds: 0", "auth.reload_interval_seconds"),
+            ("tenants: {a: {limitz: {}}}", "auth.tenants.a"),
+        ] {
+            let e = Config::from_yaml(&format!("auth:\n  {yaml}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{yaml}: {e}");
+        }
+        let e = Config::from_yaml(
+            "sandbox: {max_concurrent_runs: 4}\nauth:\n  tenants: {a: {limits: {runs_in_flight: 5}}}\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("exceeds the server's sandbox.max_concurrent_runs"),
+            "{e}"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! The built-in tools.
 
 pub mod calculator;
+pub mod custom;
 pub mod echo;
 pub mod files;
 pub mod hash;

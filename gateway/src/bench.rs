@@ -87,6 +87,10 @@ pub struct BenchArgs {
     /// Samples of each code-interpreter scenario (and of its bare baseline).
     #[arg(long, default_value_t = 20)]
     pub interp_runs: usize,
+    /// Skip the custom-tool scenario (a custom bash tool beside run_code of the same
+    /// script; with `--addr` the gateway must declare [`BENCH_CUSTOM_TOOL`]).
+    #[arg(long)]
+    pub no_custom: bool,
 }
 
 /// The code-interpreter scenarios' pandas program: `import numpy, pandas` and a
@@ -827,10 +831,16 @@ fn print_report(r: &Report, json: bool) {
 pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let mut server = None;
     let mut mcp_url = args.mcp_url.clone();
+    // The in-process gateway declares the custom-tool scenario's tool.
+    let custom_config =
+        std::env::temp_dir().join(format!("toolrun-bench-custom-{}.yaml", std::process::id()));
     let addr = match &args.addr {
         Some(a) => a.clone(),
         None => {
+            std::fs::write(&custom_config, bench_custom_config())
+                .map_err(|e| CliError::Usage(format!("{}: {e}", custom_config.display())))?;
             let running = start(ServeArgs {
+                config: Some(custom_config.clone()),
                 listen: "127.0.0.1:0".parse().expect("valid"),
                 admin_listen: "127.0.0.1:0".parse().expect("valid"),
                 mcp_listen: crate::serve::Listen::On("127.0.0.1:0".parse().expect("valid")),
@@ -931,6 +941,19 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             );
         }
     }
+    if !args.no_sandbox && !args.no_custom {
+        let reports = custom_scenario(&addr, args.sandbox_runs).await?;
+        for r in &reports {
+            print_report(r, args.json);
+        }
+        if !args.json {
+            println!(
+                "custom bash tool overhead over run_code of the same script at p50: {:.2} ms",
+                (reports[0].p50_us as f64 - reports[1].p50_us as f64) / 1000.0
+            );
+        }
+    }
+    let _ = std::fs::remove_file(&custom_config);
     if !args.no_sessions {
         let reports = session_scenarios(&addr, &args).await?;
         for r in &reports {
@@ -959,6 +982,65 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         let _ = s.wait().await;
     }
     Ok(())
+}
+
+/// The custom-tool scenario's tool, declared by the in-process gateway.
+pub const BENCH_CUSTOM_TOOL: &str = "bench_echo_bash";
+
+/// The script of [`BENCH_CUSTOM_TOOL`], also run through run_code with the same stdin.
+const BENCH_CUSTOM_SCRIPT: &str = "read -r args\nprintf '{\"echo\": %s}\\n' \"$args\"\n";
+
+/// The configuration declaring [`BENCH_CUSTOM_TOOL`].
+fn bench_custom_config() -> String {
+    let tool = json!({
+        "name": BENCH_CUSTOM_TOOL,
+        "description": "Echoes its arguments (toolrun bench).",
+        "input_schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+                         "required": ["n"], "additionalProperties": false},
+        "output_schema": {"type": "object", "properties": {"echo": {"type": "object"}},
+                          "required": ["echo"]},
+        "annotations": {"read_only": true, "idempotent": true},
+        "implementation": {"language": "bash", "script": BENCH_CUSTOM_SCRIPT},
+    });
+    // JSON is YAML.
+    json!({ "custom_tools": [tool] }).to_string()
+}
+
+/// The custom bash tool and run_code of the same script with the same stdin, alternating:
+/// the custom tool's own cost (argument validation, stdout parsed as JSON and checked
+/// against its output schema) is the difference of their p50s.
+async fn custom_scenario(addr: &str, runs: usize) -> Result<[Report; 2], CliError> {
+    let client = connect(addr).await?;
+    let custom = {
+        let client = client.clone();
+        move || {
+            let mut client = client.clone();
+            async move {
+                let (us, ok, out) =
+                    call_ok(&mut client, BENCH_CUSTOM_TOOL, &json!({"n": 1}), "").await;
+                (us, ok && out == r#"{"echo":{"n":1}}"#)
+            }
+        }
+    };
+    let run_code = move || {
+        let mut client = client.clone();
+        async move {
+            let args = json!({"language": "bash", "code": BENCH_CUSTOM_SCRIPT,
+                              "stdin": json!({"n": 1}).to_string()});
+            let (us, ok, out) = call_ok(&mut client, "run_code", &args, "").await;
+            (
+                us,
+                ok && out.contains(r#""stdout":"{\"echo\": {\"n\":1}}\n""#),
+            )
+        }
+    };
+    Ok(sample_pair(
+        ["custom bash tool", "run_code same bash script"],
+        runs,
+        custom,
+        run_code,
+    )
+    .await)
 }
 
 impl From<crate::serve::ServeError> for CliError {

@@ -346,6 +346,20 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
             custom_tools.set(Source::Config, Vec::new());
         }
     }
+    // On Kubernetes, also the `Tool` resources of the sandbox namespace.
+    if config.sandbox.backend == BackendKind::Kubernetes && !args.no_sandbox {
+        match kube::Client::try_default().await {
+            Ok(client) => {
+                crate::tools::custom_kube::follow(
+                    client,
+                    config.sandbox.kubernetes.namespace.clone(),
+                    custom_tools.clone(),
+                    hard_stop.clone(),
+                );
+            }
+            Err(e) => custom_tools.source_error(Source::Kubernetes, format!("no cluster: {e}")),
+        }
+    }
     let sandbox_info = sandbox_info.map(|mut info| {
         let Some(sessions) = &sessions else {
             return info;

@@ -2,6 +2,7 @@
 
 pub mod calculator;
 pub mod custom;
+pub mod custom_kube;
 pub mod echo;
 pub mod files;
 pub mod hash;

@@ -46,6 +46,8 @@ class Gateway:
     admin: str
     state_dir: Path
     log: Path
+    #: The configuration file it follows (custom tools reload when it changes).
+    config: Path
 
 
 def _free_port() -> int:
@@ -133,7 +135,7 @@ def gateway() -> Iterator[Gateway]:
                     pytrace=False,
                 )
             time.sleep(0.1)
-        yield Gateway(address=address, admin=admin, state_dir=state, log=log)
+        yield Gateway(address=address, admin=admin, state_dir=state, log=log, config=config)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

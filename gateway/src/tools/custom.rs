@@ -786,3 +786,25 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod example_tests {
+    use super::*;
+
+    #[test]
+    fn the_example_file_declares_a_valid_custom_tool() {
+        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        let c = crate::config::Config::load(&dir.join("toolrun.example.yaml")).unwrap();
+        let declared = from_config(&c.custom_tools, Some(dir));
+        assert_eq!(declared.len(), 1);
+        let spec = declared[0].spec.clone().unwrap();
+        assert_eq!(spec.name, "word_count");
+        let cx = BuildContext {
+            pool: None,
+            sandbox: c.sandbox.clone(),
+        };
+        // Every check passes; only this test's missing sandbox refuses it.
+        let e = CustomTool::build(spec, Some(dir), &cx).err().unwrap();
+        assert!(e.contains("--no-sandbox"), "{e}");
+    }
+}

@@ -29,7 +29,7 @@ pub struct AdminState {
     /// as probed once at start through the sandbox (`{"probing": true}` until done).
     pub languages: Arc<std::sync::Mutex<serde_json::Value>>,
     /// Custom tools: each declaration's verdict (served, or refused and why).
-    pub custom_tools: Option<Arc<crate::tools::custom::CustomTools>>,
+    pub custom_tools: Option<Arc<crate::tools::custom_reload::CustomTools>>,
 }
 
 /// The admin router.

@@ -24,7 +24,8 @@ use crate::sandbox::kubernetes::{KubeMetrics, StartError as KubeStartError};
 use crate::sandbox::{KubernetesSandbox, Sandbox, SandboxError};
 use crate::session::volume::VolumeKind;
 use crate::session::{SessionError, SessionManager};
-use crate::tools::custom::{BuildContext, CustomTools, Source, follow_config_file};
+use crate::tools::custom::BuildContext;
+use crate::tools::custom_reload::{CustomTools, Source, follow_config_file};
 use crate::tools::{
     SANDBOXED_TOOLS, SESSION_TOOLS, builtin_registry, inline_with_files, run_code::SandboxPool,
 };

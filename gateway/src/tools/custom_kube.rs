@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 use toolrun_crd::Tool;
 use toolrun_crd::tool::{READY, REASON_INVALID, REASON_LOADED};
 
-use super::custom::{CustomToolSpec, CustomTools, Declared, Implementation, Source, ToolState};
+use super::custom::{CustomToolSpec, Implementation};
+use super::custom_reload::{CustomTools, Declared, Source, ToolState};
 use crate::config::LimitsOverride;
 use crate::tool::Hints;
 

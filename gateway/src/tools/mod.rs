@@ -3,6 +3,7 @@
 pub mod calculator;
 pub mod custom;
 pub mod custom_kube;
+pub mod custom_reload;
 pub mod echo;
 pub mod files;
 pub mod hash;

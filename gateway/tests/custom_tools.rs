@@ -562,6 +562,32 @@ async fn decide(c: &mut Client, id: &str, approve: bool) {
     .unwrap();
 }
 
+/// The names MCP's `tools/list` answers (a raw stateless request).
+async fn mcp_tool_names(addr: std::net::SocketAddr) -> Vec<String> {
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    within("MCP tools/list", s.read_to_end(&mut buf))
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (_, body) = text.split_once("\r\n\r\n").expect("an HTTP answer");
+    let v: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {text}"));
+    v["result"]["tools"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no tools: {v}"))
+        .iter()
+        .map(|t| t["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
 /// The interpreter with the pinned `mcp` package (tests/run makes it).
 fn python() -> PathBuf {
     let p = PathBuf::from(
@@ -639,6 +665,25 @@ async fn mcp_lists_and_calls_custom_tools_with_their_schemas_and_annotations() {
             v["bad"]["structured"]["error"]["code"], "INVALID_ARGUMENTS",
             "{v}"
         );
+
+        // A reload shows in MCP's next tools/list (the listing follows the registry).
+        let mcp = gw.running().mcp_addr.unwrap();
+        assert!(mcp_tool_names(mcp).await.contains(&"words_js".to_string()));
+        gw.write_config(&format!(
+            "custom_tools:\n{}",
+            tool_yaml("words_new", "bash", WORDS_SH, WORDS_OUT)
+        ));
+        let end = Instant::now() + RELOAD_BOUND;
+        loop {
+            let names = mcp_tool_names(mcp).await;
+            if names.contains(&"words_new".to_string()) {
+                assert!(!names.contains(&"words_js".to_string()), "{names:?}");
+                assert!(names.contains(&"calculator".to_string()), "{names:?}");
+                break;
+            }
+            assert!(Instant::now() < end, "MCP still lists {names:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     })
     .await
 }

@@ -20,6 +20,9 @@
 //! context is the operator's alone.
 
 pub mod labels;
+pub mod tool;
+
+pub use tool::{Tool, ToolSpec, ToolStatus};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
@@ -420,7 +423,7 @@ fn time_schema(_: &mut SchemaGenerator) -> Schema {
 }
 
 /// `metav1.Condition`, as the API server's own types describe it.
-fn conditions_schema(_: &mut SchemaGenerator) -> Schema {
+pub(crate) fn conditions_schema(_: &mut SchemaGenerator) -> Schema {
     json_schema!({
         "type": "array",
         "x-kubernetes-list-type": "map",
@@ -443,6 +446,11 @@ fn conditions_schema(_: &mut SchemaGenerator) -> Schema {
 /// The CRD as YAML, as committed in `deploy/crds/toolrun.dev_toolruns.yaml`.
 pub fn crd_yaml() -> Result<String, serde_yaml_ng::Error> {
     serde_yaml_ng::to_string(&ToolRun::crd())
+}
+
+/// The Tool CRD as YAML, as committed in `deploy/crds/toolrun.dev_tools.yaml`.
+pub fn tool_crd_yaml() -> Result<String, serde_yaml_ng::Error> {
+    serde_yaml_ng::to_string(&Tool::crd())
 }
 
 #[cfg(test)]

@@ -28,6 +28,8 @@ pub struct AdminState {
     /// Each language run_code accepts, with its interpreter's and libraries' availability,
     /// as probed once at start through the sandbox (`{"probing": true}` until done).
     pub languages: Arc<std::sync::Mutex<serde_json::Value>>,
+    /// Custom tools: each declaration's verdict (served, or refused and why).
+    pub custom_tools: Option<Arc<crate::tools::custom_reload::CustomTools>>,
 }
 
 /// The admin router.
@@ -46,6 +48,7 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
         "grpc": s.grpc_addr,
         "sandbox": s.sandbox,
         "languages": s.languages.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        "custom_tools": s.custom_tools.as_ref().map(|c| c.status()),
     });
     let status = if ready {
         StatusCode::OK

@@ -88,6 +88,10 @@ pub struct BenchArgs {
     /// Samples of each code-interpreter scenario (and of its bare baseline).
     #[arg(long, default_value_t = 20)]
     pub interp_runs: usize,
+    /// Skip the custom-tool scenario (a custom bash tool beside run_code of the same
+    /// script; with `--addr` the gateway must declare [`BENCH_CUSTOM_TOOL`]).
+    #[arg(long)]
+    pub no_custom: bool,
 }
 
 /// The code-interpreter scenarios' pandas program: `import numpy, pandas` and a
@@ -844,10 +848,16 @@ fn print_report(r: &Report, json: bool) {
 pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let mut server = None;
     let mut mcp_url = args.mcp_url.clone();
+    // The in-process gateway declares the custom-tool scenario's tool.
+    let custom_config =
+        std::env::temp_dir().join(format!("toolrun-bench-custom-{}.yaml", std::process::id()));
     let addr = match &args.addr {
         Some(a) => a.clone(),
         None => {
+            std::fs::write(&custom_config, bench_custom_config())
+                .map_err(|e| CliError::Usage(format!("{}: {e}", custom_config.display())))?;
             let running = start(ServeArgs {
+                config: Some(custom_config.clone()),
                 listen: "127.0.0.1:0".parse().expect("valid"),
                 admin_listen: "127.0.0.1:0".parse().expect("valid"),
                 mcp_listen: crate::serve::Listen::On("127.0.0.1:0".parse().expect("valid")),
@@ -958,6 +968,19 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             );
         }
     }
+    if !args.no_sandbox && !args.no_custom {
+        let reports = custom_scenario(&addr, args.sandbox_runs, args.api_key.as_deref()).await?;
+        for r in &reports {
+            print_report(r, args.json);
+        }
+        if !args.json {
+            println!(
+                "custom bash tool overhead over run_code of the same script at p50: {:.2} ms",
+                (reports[0].p50_us as f64 - reports[1].p50_us as f64) / 1000.0
+            );
+        }
+    }
+    let _ = std::fs::remove_file(&custom_config);
     if !args.no_sessions {
         let reports = session_scenarios(&addr, &args).await?;
         for r in &reports {
@@ -986,6 +1009,88 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         let _ = s.wait().await;
     }
     Ok(())
+}
+
+/// The custom-tool scenario's tool, declared by the in-process gateway.
+pub const BENCH_CUSTOM_TOOL: &str = "bench_echo_bash";
+
+/// The script of [`BENCH_CUSTOM_TOOL`], also run through run_code with the same stdin.
+const BENCH_CUSTOM_SCRIPT: &str = "read -r args\nprintf '{\"echo\": %s}\\n' \"$args\"\n";
+
+/// The configuration declaring [`BENCH_CUSTOM_TOOL`].
+fn bench_custom_config() -> String {
+    let tool = json!({
+        "name": BENCH_CUSTOM_TOOL,
+        "description": "Echoes its arguments (toolrun bench).",
+        "input_schema": {"type": "object", "properties": {"n": {"type": "integer"}},
+                         "required": ["n"], "additionalProperties": false},
+        "output_schema": {"type": "object", "properties": {"echo": {"type": "object"}},
+                          "required": ["echo"]},
+        "annotations": {"read_only": true, "idempotent": true},
+        "implementation": {"language": "bash", "script": BENCH_CUSTOM_SCRIPT},
+    });
+    // JSON is YAML.
+    json!({ "custom_tools": [tool] }).to_string()
+}
+
+/// The custom bash tool and run_code of the same script with the same stdin: the custom
+/// tool's own cost (argument validation, stdout parsed as JSON and checked against its output
+/// schema) is the difference of their p50s. They alternate, each going first every other
+/// round, and every call starts after a pause: the local sandbox prepares the next run's
+/// sandbox in the background, so a call made right after another would pay for that
+/// preparation and whichever tool always went second would look slower.
+async fn custom_scenario(
+    addr: &str,
+    runs: usize,
+    api_key: Option<&str>,
+) -> Result<[Report; 2], CliError> {
+    const SETTLE: Duration = Duration::from_millis(100);
+    let mut client = connect(addr, api_key).await?;
+    let stdin = json!({"n": 1}).to_string();
+    let run_code_args = json!({"language": "bash", "code": BENCH_CUSTOM_SCRIPT, "stdin": stdin});
+    let custom_args = json!({"n": 1});
+    let mut one = async |custom: bool| {
+        tokio::time::sleep(SETTLE).await;
+        if custom {
+            let (us, ok, out) = call_ok(&mut client, BENCH_CUSTOM_TOOL, &custom_args, "").await;
+            (us, ok && out == r#"{"echo":{"n":1}}"#)
+        } else {
+            let (us, ok, out) = call_ok(&mut client, "run_code", &run_code_args, "").await;
+            (
+                us,
+                ok && out.contains(r#""stdout":"{\"echo\": {\"n\":1}}\n""#),
+            )
+        }
+    };
+    one(true).await;
+    one(false).await;
+    let (mut lat, mut failures) = ([Vec::new(), Vec::new()], [0usize; 2]);
+    let start = Instant::now();
+    for round in 0..runs {
+        let order = if round % 2 == 0 {
+            [true, false]
+        } else {
+            [false, true]
+        };
+        for custom in order {
+            let (us, ok) = one(custom).await;
+            let i = usize::from(!custom);
+            lat[i].push(us);
+            failures[i] += usize::from(!ok);
+        }
+    }
+    let elapsed = start.elapsed().saturating_sub(SETTLE * (2 * runs) as u32) / 2;
+    let [custom, run_code] = lat;
+    Ok([
+        report("custom bash tool", 1, custom, failures[0], elapsed),
+        report(
+            "run_code same bash script",
+            1,
+            run_code,
+            failures[1],
+            elapsed,
+        ),
+    ])
 }
 
 impl From<crate::serve::ServeError> for CliError {

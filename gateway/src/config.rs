@@ -65,6 +65,11 @@ pub struct Config {
     pub auth: crate::auth::AuthConfig,
     /// The durable audit file.
     pub audit: crate::audit::AuditConfig,
+    /// Tools declared without Rust, run in the sandbox: each entry is a
+    /// [`crate::tools::custom::CustomToolSpec`], checked on its own (a bad one is refused
+    /// with its reason in /readyz while the others serve) and reloaded when the file
+    /// changes.
+    pub custom_tools: Vec<serde_json::Value>,
 }
 
 /// Settings of the MCP listener (`mcp`): which `Host` and `Origin` headers it accepts, on
@@ -629,7 +634,8 @@ impl Limits {
         }
     }
 
-    fn validate(&self, key: &str) -> Result<(), ConfigError> {
+    /// Checks each limit's range, naming `key.limit` when one is out of range.
+    pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
         let checks: [(&str, u64, u64, u64); 7] = [
             ("memory_mb", self.memory_mb, 16, 65_536),
             ("cpu_seconds", self.cpu_seconds, 1, 3_600),

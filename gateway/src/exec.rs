@@ -92,7 +92,8 @@ impl CallOutcome {
 
 /// Runs calls against a registry.
 pub struct Executor {
-    registry: Arc<Registry>,
+    /// Swapped whole when custom tools change; a call keeps the entry it looked up.
+    registry: arc_swap::ArcSwap<Registry>,
     metrics: Arc<Metrics>,
     /// How long past its deadline a sandboxed tool may take to report.
     sandbox_grace: Duration,
@@ -189,7 +190,7 @@ impl Executor {
     /// An executor over `registry`, recording into `metrics`.
     pub fn new(registry: Arc<Registry>, metrics: Arc<Metrics>) -> Self {
         Executor {
-            registry,
+            registry: arc_swap::ArcSwap::new(registry),
             metrics,
             sandbox_grace: SANDBOX_GRACE,
             sessions: None,
@@ -284,7 +285,7 @@ impl Executor {
                     .ok_or_else(|| DecideError::NotFound(approval_id.to_string()))?;
                 let args = parse_arguments(arguments_json)
                     .map_err(|e| DecideFailure::InvalidArguments(e.message))?;
-                if let Some(entry) = self.registry.get(&info.tool) {
+                if let Some(entry) = self.registry.load().get(&info.tool) {
                     validate(&entry.validator, &args)
                         .map_err(|e| DecideFailure::InvalidArguments(e.message))?;
                 }
@@ -310,9 +311,15 @@ impl Executor {
         self
     }
 
-    /// The registry.
-    pub fn registry(&self) -> &Arc<Registry> {
-        &self.registry
+    /// The current registry (a snapshot: a reload swaps in a new one).
+    pub fn registry(&self) -> Arc<Registry> {
+        self.registry.load_full()
+    }
+
+    /// Replaces the registry (custom tools changed); calls in flight finish on the entries
+    /// they looked up.
+    pub fn set_registry(&self, registry: Arc<Registry>) {
+        self.registry.store(registry);
     }
 
     /// The metrics.
@@ -336,7 +343,7 @@ impl Executor {
         let call_id = call_id.as_str();
         let args_hash = blake3_hex(req.arguments_json.as_bytes());
         let tenant = req.tenant();
-        let entry = self.registry.get(&req.tool).cloned();
+        let entry = self.registry.load().get(&req.tool).cloned();
         let determinism = entry.as_ref().map(|e| e.tool.metadata().determinism);
         let (tool, result) = match entry {
             None => (req.tool.clone(), Err(self.unknown_tool(&req.tool, &tenant))),
@@ -464,8 +471,8 @@ impl Executor {
     }
 
     fn unknown_tool(&self, name: &str, tenant: &Tenant) -> ToolError {
-        let known: Vec<&str> = self
-            .registry
+        let registry = self.registry.load();
+        let known: Vec<&str> = registry
             .enabled()
             .map(|e| e.id())
             .filter(|id| tenant.may_use(id))
@@ -608,7 +615,7 @@ impl Executor {
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
-                tracing::error!(tool = meta.id, call_id, "tool panicked: {msg}");
+                tracing::error!(tool = %meta.id, call_id, "tool panicked: {msg}");
                 return Err(ToolError::new(
                     ErrorCode::Internal,
                     format!("tool {:?} failed internally: {msg}", meta.id),
@@ -617,7 +624,7 @@ impl Executor {
             Ok(Ok(r)) => r?,
         };
         if let Some(err) = entry.output_validator.iter_errors(&value).next() {
-            tracing::error!(tool = meta.id, call_id, "output breaks its schema: {err}");
+            tracing::error!(tool = %meta.id, call_id, "output breaks its schema: {err}");
             return Err(ToolError::new(
                 ErrorCode::Internal,
                 format!(
@@ -701,7 +708,7 @@ impl Executor {
                 &ctx.tenant,
                 &ctx.session_id,
                 &ctx.call_id,
-                meta.id,
+                &meta.id,
                 &args,
                 ask,
                 deadline.saturating_duration_since(Instant::now()),

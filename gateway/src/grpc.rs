@@ -273,9 +273,9 @@ pub fn error_code_name(code: i32) -> String {
 fn definition(entry: &crate::registry::Entry, format: Option<Format>) -> pb::ToolDefinition {
     let m = entry.tool.metadata();
     pb::ToolDefinition {
-        id: m.id.into(),
-        name: m.name.into(),
-        description: m.description.into(),
+        id: m.id.to_string(),
+        name: m.name.to_string(),
+        description: m.description.to_string(),
         version: m.version.into(),
         category: match m.category {
             Category::Computation => pb::Category::Computation,

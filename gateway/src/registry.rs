@@ -46,13 +46,14 @@ pub struct Entry {
 
 impl Entry {
     /// The tool's id.
-    pub fn id(&self) -> &'static str {
-        self.tool.metadata().id
+    pub fn id(&self) -> &str {
+        &self.tool.metadata().id
     }
 }
 
-/// All tools, by id and alias.
-#[derive(Default)]
+/// All tools, by id and alias. Cloning shares the entries: a gateway derives the registry
+/// with its custom tools from the built-ins' one on each reload.
+#[derive(Default, Clone)]
 pub struct Registry {
     entries: Vec<Arc<Entry>>,
     by_name: HashMap<String, Arc<Entry>>,
@@ -71,7 +72,26 @@ impl Registry {
         aliases: &[&str],
         config: &Config,
     ) -> Result<(), RegistryError> {
-        let id = tool.metadata().id;
+        let tool_config = config.tool(&tool.metadata().id);
+        let enabled = tool_config.is_none_or(|c| c.enabled);
+        let timeout = Duration::from_millis(
+            tool_config
+                .and_then(|c| c.timeout_ms)
+                .unwrap_or(tool.default_timeout_ms()),
+        );
+        self.insert(tool, aliases, enabled, timeout)
+    }
+
+    /// Adds a tool with its own timeout (a custom tool, whose declaration carries it);
+    /// rejects duplicate ids and aliases and invalid definitions.
+    pub fn insert(
+        &mut self,
+        tool: Arc<dyn Tool>,
+        aliases: &[&str],
+        enabled: bool,
+        timeout: Duration,
+    ) -> Result<(), RegistryError> {
+        let id: &str = &tool.metadata().id;
         let names: Vec<&str> = std::iter::once(id).chain(aliases.iter().copied()).collect();
         for name in &names {
             if self.by_name.contains_key(*name) {
@@ -80,21 +100,17 @@ impl Registry {
         }
         let validator = validate_definition(id, tool.input_schema())?;
         let output_validator = compile(id, "output", tool.output_schema())?;
-        let tool_config = config.tool(id);
+        let names: Vec<String> = names.into_iter().map(String::from).collect();
         let entry = Arc::new(Entry {
-            enabled: tool_config.is_none_or(|c| c.enabled),
-            timeout: Duration::from_millis(
-                tool_config
-                    .and_then(|c| c.timeout_ms)
-                    .unwrap_or(tool.default_timeout_ms()),
-            ),
+            enabled,
+            timeout,
             validator,
             output_validator,
             aliases: aliases.iter().map(|a| a.to_string()).collect(),
             tool,
         });
         for name in names {
-            self.by_name.insert(name.to_string(), entry.clone());
+            self.by_name.insert(name, entry.clone());
         }
         self.entries.push(entry);
         Ok(())

@@ -25,6 +25,8 @@ use crate::sandbox::kubernetes::{KubeMetrics, StartError as KubeStartError};
 use crate::sandbox::{KubernetesSandbox, Sandbox, SandboxError};
 use crate::session::volume::VolumeKind;
 use crate::session::{SessionError, SessionManager};
+use crate::tools::custom::BuildContext;
+use crate::tools::custom_reload::{CustomTools, Source, follow_config_file};
 use crate::tools::{
     SANDBOXED_TOOLS, SESSION_TOOLS, builtin_registry, inline_with_files, run_code::SandboxPool,
 };
@@ -289,14 +291,14 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let mut start_allowance = Duration::ZERO;
     let serve_sessions = config.sandbox.backend == BackendKind::Local;
     let languages = Arc::new(std::sync::Mutex::new(serde_json::json!({"probing": true})));
-    let (registry, sandbox_info) = if args.no_sandbox {
+    let (registry, sandbox_info, pool) = if args.no_sandbox {
         tracing::warn!("--no-sandbox: run_code, code_executor and shell are not served");
         *languages.lock().unwrap_or_else(|e| e.into_inner()) = serde_json::Value::Null;
         let registry = inline_with_files(&config, serve_sessions)?;
         let mut known = SANDBOXED_TOOLS.to_vec();
         known.extend(SESSION_TOOLS);
         registry.check_config(&config, &known)?;
-        (registry, None)
+        (registry, None, None)
     } else {
         let sandbox = build_sandbox(&config, &metrics).await?;
         // Each backend logs its own mechanisms, active or not, when it starts.
@@ -317,7 +319,8 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         } else {
             *languages.lock().unwrap_or_else(|e| e.into_inner()) = serde_json::json!({"probed": false, "why": "not probed on the kubernetes backend (each run is a pod)"});
         }
-        (builtin_registry(&config, pool, serve_sessions)?, Some(info))
+        let registry = builtin_registry(&config, pool.clone(), serve_sessions)?;
+        (registry, Some(info), Some(pool))
     };
     // Sessions are served by the local backend (the kubernetes backend gains them with the
     // in-pod agent); their workspaces live in the state dir.
@@ -352,7 +355,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         );
     }
     let executor = Arc::new(
-        Executor::new(registry, metrics.clone())
+        Executor::new(registry.clone(), metrics.clone())
             .with_start_allowance(start_allowance)
             .with_sessions_opt(sessions.clone())
             .with_audit(audit),
@@ -389,6 +392,42 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
 
     let shutdown = CancellationToken::new();
     let hard_stop = CancellationToken::new();
+    // Custom tools: the configuration file's, followed for changes.
+    let custom_tools = Arc::new(CustomTools::new(
+        executor.clone(),
+        registry,
+        BuildContext {
+            pool,
+            sandbox: config.sandbox.clone(),
+        },
+    ));
+    match &args.config {
+        Some(path) => {
+            follow_config_file(
+                custom_tools.clone(),
+                path.clone(),
+                &config,
+                hard_stop.clone(),
+            );
+        }
+        None => {
+            custom_tools.set(Source::Config, Vec::new());
+        }
+    }
+    // On Kubernetes, also the `Tool` resources of the sandbox namespace.
+    if config.sandbox.backend == BackendKind::Kubernetes && !args.no_sandbox {
+        match kube::Client::try_default().await {
+            Ok(client) => {
+                crate::tools::custom_kube::follow(
+                    client,
+                    config.sandbox.kubernetes.namespace.clone(),
+                    custom_tools.clone(),
+                    hard_stop.clone(),
+                );
+            }
+            Err(e) => custom_tools.source_error(Source::Kubernetes, format!("no cluster: {e}")),
+        }
+    }
     let sandbox_info = sandbox_info.map(|mut info| {
         let Some(sessions) = &sessions else {
             return info;
@@ -418,6 +457,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         sandbox: sandbox_info,
         grpc_addr: grpc_addr.to_string(),
         languages,
+        custom_tools: Some(custom_tools),
     });
 
     let (health, health_service) = tonic_health::server::health_reporter();

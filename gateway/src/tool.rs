@@ -1,5 +1,6 @@
 //! The tool abstraction: metadata, schemas, and the call interface every tool implements.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use crate::error::{ErrorCode, ToolError};
 use crate::session::Session;
 
 /// What a tool is for (seed 000's categories plus `filesystem`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Category {
     /// Pure computation (calculator, hash).
@@ -69,15 +70,16 @@ pub enum ApprovalPolicy {
     Conditional,
 }
 
-/// Static facts about a tool, declared by its implementation.
+/// Static facts about a tool, declared by its implementation. Built-ins borrow their
+/// strings; custom tools (declared in the configuration or as `Tool` resources) own them.
 #[derive(Debug, Clone, Serialize)]
 pub struct ToolMetadata {
     /// Stable id, e.g. `calculator`; the name models call.
-    pub id: &'static str,
+    pub id: Cow<'static, str>,
     /// Display name, e.g. `Calculator`.
-    pub name: &'static str,
+    pub name: Cow<'static, str>,
     /// What the tool does, written for a model.
-    pub description: &'static str,
+    pub description: Cow<'static, str>,
     /// Semantic version of the tool's contract.
     pub version: &'static str,
     /// Category.
@@ -107,9 +109,9 @@ impl ToolMetadata {
         category: Category,
     ) -> Self {
         ToolMetadata {
-            id,
-            name,
-            description,
+            id: Cow::Borrowed(id),
+            name: Cow::Borrowed(name),
+            description: Cow::Borrowed(description),
             version: "1.0.0",
             category,
             sandbox_required: false,
@@ -120,6 +122,21 @@ impl ToolMetadata {
             max_memory_bytes: None,
         }
     }
+}
+
+/// Behaviour hints a tool declares itself (MCP's tool annotations); tools without them get
+/// hints derived from their metadata.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Hints {
+    /// Changes nothing.
+    pub read_only: bool,
+    /// May destroy or overwrite things (asks for approval in a session).
+    pub destructive: bool,
+    /// Calling again with the same arguments has no further effect.
+    pub idempotent: bool,
+    /// Reaches things beyond the gateway and its sandbox.
+    pub open_world: bool,
 }
 
 /// A chunk of live output from a running tool (for `StreamTool`).
@@ -196,6 +213,10 @@ pub trait Tool: Send + Sync + 'static {
     /// Timeout when the configuration sets none.
     fn default_timeout_ms(&self) -> u64 {
         crate::config::DEFAULT_TIMEOUT_MS
+    }
+    /// Hints the tool declares; `None` (the built-ins) derives them from the metadata.
+    fn hints(&self) -> Option<Hints> {
+        None
     }
     /// What this call asks its approver under the tool's own policy (a session in mode
     /// `safe`); `None` runs without asking. `args` has passed the input schema.

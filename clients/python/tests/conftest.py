@@ -47,6 +47,8 @@ class Gateway:
     admin: str
     state_dir: Path
     log: Path
+    #: The configuration file it follows (custom tools reload when it changes).
+    config: Path
 
 
 def _free_port() -> int:
@@ -144,7 +146,7 @@ def run_gateway(
                     pytrace=False,
                 )
             time.sleep(0.1)
-        yield Gateway(address=address, admin=admin, state_dir=state, log=log)
+        yield Gateway(address=address, admin=admin, state_dir=state, log=log, config=config)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

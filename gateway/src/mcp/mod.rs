@@ -115,10 +115,8 @@ struct Inner {
     executor: Arc<Executor>,
     hard_stop: CancellationToken,
     in_flight: Arc<InFlight>,
-    /// Definitions, built once from the registry.
-    tools: Vec<Tool>,
-    /// Definitions by id and alias.
-    by_name: HashMap<String, Tool>,
+    /// Definitions, built from the registry they describe (again when it is swapped).
+    listing: std::sync::Mutex<Arc<Listing>>,
     /// What `initialize` and `server/discover` answer (rmcp asks for it on every request).
     info: ServerConfig,
 }
@@ -130,9 +128,43 @@ impl McpHandler {
         hard_stop: CancellationToken,
         in_flight: Arc<InFlight>,
     ) -> Self {
+        let listing = std::sync::Mutex::new(Arc::new(Listing::of(executor.registry())));
+        McpHandler {
+            inner: Arc::new(Inner {
+                executor,
+                hard_stop,
+                in_flight,
+                listing,
+                info: server_info(),
+            }),
+        }
+    }
+
+    /// The definitions of the executor's current registry.
+    fn listing(&self) -> Arc<Listing> {
+        let registry = self.inner.executor.registry();
+        let mut cached = self.inner.listing.lock().unwrap_or_else(|e| e.into_inner());
+        if !Arc::ptr_eq(&cached.registry, &registry) {
+            *cached = Arc::new(Listing::of(registry));
+        }
+        cached.clone()
+    }
+}
+
+/// The MCP definitions of one registry.
+struct Listing {
+    /// The registry described (held, so its address identifies it while cached).
+    registry: Arc<crate::registry::Registry>,
+    tools: Vec<Tool>,
+    /// Definitions by id and alias.
+    by_name: HashMap<String, Tool>,
+}
+
+impl Listing {
+    fn of(registry: Arc<crate::registry::Registry>) -> Self {
         let mut tools = Vec::new();
         let mut by_name = HashMap::new();
-        for entry in executor.registry().enabled() {
+        for entry in registry.enabled() {
             let t = tools::tool(entry);
             for alias in &entry.aliases {
                 by_name.insert(alias.clone(), t.clone());
@@ -140,15 +172,10 @@ impl McpHandler {
             by_name.insert(entry.id().to_string(), t.clone());
             tools.push(t);
         }
-        McpHandler {
-            inner: Arc::new(Inner {
-                executor,
-                hard_stop,
-                in_flight,
-                tools,
-                by_name,
-                info: server_info(),
-            }),
+        Listing {
+            registry,
+            tools,
+            by_name,
         }
     }
 }
@@ -268,13 +295,13 @@ impl ServerHandler for McpHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
         let tenant = caller(context.extensions.get::<http::request::Parts>());
-        let mut tools = self.inner.tools.clone();
+        let mut tools = self.listing().tools.clone();
         tools.retain(|t| tenant.may_use(&t.name));
         Ok(ListToolsResult::with_all_items(tools))
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.inner.by_name.get(name).cloned()
+        self.listing().by_name.get(name).cloned()
     }
 
     async fn call_tool(

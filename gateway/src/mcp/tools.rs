@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::error::{ErrorCode, ToolError};
 use crate::exec::CallOutcome;
 use crate::registry::Entry;
-use crate::tool::{ApprovalPolicy, Category, Determinism, SideEffect, ToolMetadata};
+use crate::tool::{ApprovalPolicy, Category, Determinism, Hints, SideEffect, ToolMetadata};
 
 /// `_meta` keys toolrun reads on requests and writes on results.
 pub mod meta_keys {
@@ -42,13 +42,17 @@ pub mod meta_keys {
 /// The MCP definition of a registered tool.
 pub fn tool(entry: &Entry) -> Tool {
     let m = entry.tool.metadata();
+    let annotations = match entry.tool.hints() {
+        Some(h) => declared_annotations(m, h),
+        None => annotations(m),
+    };
     let mut t = Tool::new(
-        m.id,
-        m.description,
+        m.id.clone(),
+        m.description.clone(),
         Arc::new(object(entry.tool.input_schema())),
     )
-    .with_title(m.name)
-    .with_annotations(annotations(m));
+    .with_title(m.name.clone())
+    .with_annotations(annotations);
     if let Some(schema) = output_schema(entry.tool.output_schema()) {
         t = t.with_raw_output_schema(Arc::new(schema));
     }
@@ -59,13 +63,22 @@ pub fn tool(entry: &Entry) -> Tool {
 /// itself).
 pub fn annotations(m: &ToolMetadata) -> ToolAnnotations {
     let read_only = m.side_effect == SideEffect::Pure;
-    ToolAnnotations::with_title(m.name)
+    ToolAnnotations::with_title(m.name.clone())
         .read_only(read_only)
         .destructive(!read_only && m.approval != ApprovalPolicy::Never)
         .idempotent(m.determinism == Determinism::Deterministic)
         .open_world(
             m.determinism == Determinism::NonDeterministic && m.category != Category::Execution,
         )
+}
+
+/// The annotations a custom tool declares, as declared.
+pub fn declared_annotations(m: &ToolMetadata, h: Hints) -> ToolAnnotations {
+    ToolAnnotations::with_title(m.name.clone())
+        .read_only(h.read_only)
+        .destructive(h.destructive)
+        .idempotent(h.idempotent)
+        .open_world(h.open_world)
 }
 
 fn object(schema: &Value) -> JsonObject {

@@ -1425,7 +1425,7 @@ mod tests {
     #[tokio::test]
     async fn through_the_executor() {
         let exec = executor();
-        let entry = exec.registry().get("calculator").unwrap();
+        let entry = exec.registry().get("calculator").unwrap().clone();
         assert_eq!(entry.timeout, Duration::from_millis(1000));
         let out = call(&exec, r#"{"expression": "2 + 2"}"#).await;
         assert!(out.ok(), "{:?}", out.error);

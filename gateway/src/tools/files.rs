@@ -92,13 +92,13 @@ impl<O: FileOp> TypedTool for FileTool<O> {
         _args: &Value,
         ctx: &CallContext,
     ) -> Result<Option<ApprovalAsk>, ToolError> {
-        let session = ctx.require_session(O::META.id)?.clone();
+        let session = ctx.require_session(&O::META.id)?.clone();
         let input = input.clone();
         blocking(move || O::ask(&session.workspace, &input)).await
     }
 
     async fn run(&self, input: O::Args, ctx: &CallContext) -> Result<O::Output, ToolError> {
-        let session = ctx.require_session(O::META.id)?.clone();
+        let session = ctx.require_session(&O::META.id)?.clone();
         blocking(move || O::run(&session.workspace, &input)).await
     }
 }
@@ -111,9 +111,9 @@ const fn meta(
     approval: ApprovalPolicy,
 ) -> ToolMetadata {
     ToolMetadata {
-        id,
-        name,
-        description,
+        id: std::borrow::Cow::Borrowed(id),
+        name: std::borrow::Cow::Borrowed(name),
+        description: std::borrow::Cow::Borrowed(description),
         version: "1.0.0",
         category: if read_only && matches!(id.as_bytes(), b"grep" | b"glob") {
             Category::Search

@@ -1,6 +1,9 @@
 //! The built-in tools.
 
 pub mod calculator;
+pub mod custom;
+pub mod custom_kube;
+pub mod custom_reload;
 pub mod echo;
 pub mod files;
 pub mod hash;

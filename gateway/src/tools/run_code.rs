@@ -228,7 +228,7 @@ impl SandboxPool {
                 env: BTreeMap::new(),
                 stdin: String::new(),
                 timeout: Duration::from_secs(15),
-                tool: "run_code",
+                tool: "run_code".into(),
                 workdir: None,
             };
             let limits = self.config.limits.clone();
@@ -271,7 +271,7 @@ impl SandboxPool {
             env: BTreeMap::new(),
             stdin: String::new(),
             timeout: Duration::from_secs(30),
-            tool: "run_code",
+            tool: "run_code".into(),
             workdir: None,
         };
         let Ok(out) = self.run(run, &self.config.limits.clone(), &ctx).await else {
@@ -584,7 +584,7 @@ pub struct CodeRun {
     /// Wall-clock limit.
     pub timeout: Duration,
     /// The tool asking (recorded by the kubernetes backend).
-    pub tool: &'static str,
+    pub tool: std::borrow::Cow<'static, str>,
     /// Working directory inside the sandbox (default: `/workspace` in a session, else
     /// `/tmp`).
     pub workdir: Option<String>,
@@ -720,13 +720,14 @@ impl RunCode {
 
 fn run_code_metadata(id: &'static str, name: &'static str) -> ToolMetadata {
     ToolMetadata {
-        id,
-        name,
+        id: id.into(),
+        name: name.into(),
         description: "Runs a Python, JavaScript (Node.js) or Bash program in an isolated sandbox \
             with no network, a read-only filesystem except a small private /tmp, and limits on \
             time, memory, processes and output. Returns stdout, stderr and the exit code. With \
             a session_id the program runs in the session's workspace (/workspace, read-write, \
-            its working directory).",
+            its working directory)."
+            .into(),
         version: "1.0.0",
         category: Category::Execution,
         sandbox_required: true,
@@ -789,7 +790,7 @@ impl TypedTool for RunCode {
             env: input.env,
             stdin: input.stdin.unwrap_or_default(),
             timeout: self.timeout(input.timeout)?,
-            tool: "run_code",
+            tool: "run_code".into(),
             workdir: None,
         };
         self.pool.run(run, &self.limits, ctx).await
@@ -822,7 +823,8 @@ impl TypedTool for CodeExecutor {
     fn metadata(&self) -> ToolMetadata {
         let mut m = run_code_metadata("code_executor", "Code Executor");
         m.description = "Executes code in a secure sandbox (seed shape of run_code: code, \
-            language, timeout_seconds).";
+            language, timeout_seconds)."
+            .into();
         m.max_memory_bytes = Some(self.0.limits.memory_mb * 1024 * 1024);
         m
     }
@@ -853,7 +855,7 @@ impl TypedTool for CodeExecutor {
             env: BTreeMap::new(),
             stdin: String::new(),
             timeout: self.0.timeout(input.timeout_seconds)?,
-            tool: "code_executor",
+            tool: "code_executor".into(),
             workdir: None,
         };
         self.0.pool.run(run, &self.0.limits, ctx).await

@@ -62,13 +62,14 @@ impl TypedTool for Shell {
 
     fn metadata(&self) -> ToolMetadata {
         ToolMetadata {
-            id: "shell",
-            name: "Shell",
+            id: "shell".into(),
+            name: "Shell".into(),
             description: "Runs a shell command (bash -c) in the session's workspace \
                 (/workspace, its working directory) inside the same sandbox as run_code: no \
                 network, read-only system files, limits on time, memory, processes and \
                 output. Returns stdout, stderr, the exit code and the duration. Needs a \
-                session_id; asks for approval unless the session's mode is `all`.",
+                session_id; asks for approval unless the session's mode is `all`."
+                .into(),
             version: "1.0.0",
             category: Category::Execution,
             sandbox_required: true,
@@ -134,7 +135,7 @@ impl TypedTool for Shell {
             env: BTreeMap::new(),
             stdin: String::new(),
             timeout: asked,
-            tool: "shell",
+            tool: "shell".into(),
             workdir: Some(workdir),
         };
         self.pool.run(run, &self.limits, ctx).await

@@ -256,21 +256,25 @@ async fn lint_is_clean() {
 }
 
 #[test]
-fn chart_crd_is_the_generated_crd() {
+fn chart_crds_are_the_generated_crds() {
     let root = helm::repo_root();
-    let generated = std::fs::read(root.join("deploy/crds/toolrun.dev_toolruns.yaml")).unwrap();
-    let chart = std::fs::read(helm::chart_dir().join("crds/toolrun.dev_toolruns.yaml")).unwrap();
-    assert!(
-        generated == chart,
-        "helm/toolrun/crds/toolrun.dev_toolruns.yaml differs from deploy/crds/toolrun.dev_toolruns.yaml: \
-         cp deploy/crds/toolrun.dev_toolruns.yaml helm/toolrun/crds/"
-    );
-    // Only the CRD is in crds/ (Helm installs it once and never templates it).
-    let entries: Vec<_> = std::fs::read_dir(helm::chart_dir().join("crds"))
+    let files = ["toolrun.dev_toolruns.yaml", "toolrun.dev_tools.yaml"];
+    for file in files {
+        let generated = std::fs::read(root.join("deploy/crds").join(file)).unwrap();
+        let chart = std::fs::read(helm::chart_dir().join("crds").join(file)).unwrap();
+        assert!(
+            generated == chart,
+            "helm/toolrun/crds/{file} differs from deploy/crds/{file}: cp deploy/crds/{file} \
+             helm/toolrun/crds/"
+        );
+    }
+    // Only the CRDs are in crds/ (Helm installs them once and never templates them).
+    let mut entries: Vec<_> = std::fs::read_dir(helm::chart_dir().join("crds"))
         .unwrap()
-        .map(|e| e.unwrap().file_name())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(entries.len(), 1, "{entries:?}");
+    entries.sort();
+    assert_eq!(entries, files, "{entries:?}");
 }
 
 #[tokio::test]

@@ -1808,3 +1808,225 @@ async fn pod_artifacts_are_bounded_and_never_follow_links_out() {
         "{omitted}"
     );
 }
+
+// ----------------------------------------------------------------------- custom tools
+
+/// Applies a manifest with kubectl (as a platform team would).
+fn kubectl_apply(name: &str, manifest: &str) {
+    let path = std::env::temp_dir().join(format!("{name}.yaml"));
+    std::fs::write(&path, manifest).unwrap();
+    run_cmd(
+        Command::new("kubectl")
+            .args(["apply", "--server-side", "--force-conflicts", "-f"])
+            .arg(&path),
+    )
+    .unwrap();
+    let _ = std::fs::remove_file(path);
+}
+
+/// A Tool manifest: `{text}` in, the script's JSON out.
+fn tool_manifest(name: &str, implementation: &str) -> String {
+    format!(
+        r#"apiVersion: toolrun.dev/v1alpha1
+kind: Tool
+metadata:
+  name: {name}
+  namespace: {SANDBOX_NS}
+spec:
+  name: {tool}
+  description: Counts the words of a text (cluster test).
+  inputSchema:
+    type: object
+    properties:
+      text: {{type: string}}
+    required: [text]
+    additionalProperties: false
+  outputSchema:
+    type: object
+    properties:
+      words: {{type: integer}}
+    required: [words]
+  annotations: {{readOnly: true, idempotent: true}}
+  timeoutMs: 30000
+  implementation:
+{implementation}"#,
+        tool = name.replace('-', "_")
+    )
+}
+
+/// Waits until Tool `name`'s Ready condition has `status`; returns the condition.
+async fn wait_ready(
+    tools: &Api<toolrun_crd::Tool>,
+    name: &str,
+    status: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    let mut last = None;
+    let found = wait_until(
+        Duration::from_secs(60),
+        &format!("Tool {name} Ready={status}"),
+        || {
+            let (tools, name) = (tools.clone(), name.to_string());
+            async move {
+                let t = tools.get(&name).await?;
+                Ok(t.ready().is_some_and(|c| c.status == status)
+                    && t.status.as_ref().and_then(|s| s.observed_generation)
+                        == t.metadata.generation)
+            }
+        },
+    )
+    .await;
+    if let Ok(t) = tools.get(name).await {
+        last = t.ready().cloned();
+    }
+    found.unwrap_or_else(|e| panic!("{e:#}; last condition: {last:?}"));
+    last.unwrap()
+}
+
+/// Calls `tool` until its result satisfies `check` (the gateway applies Tool changes
+/// within a watch event); the last result.
+async fn call_until(
+    d: &Deployed,
+    tool: &str,
+    args: Value,
+    check: impl Fn(&pb::ToolResult) -> bool,
+) -> pb::ToolResult {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut c = client(d).await;
+    loop {
+        let r = c
+            .call_tool(pb::CallToolRequest {
+                call_id: unique("custom"),
+                tool: tool.into(),
+                arguments_json: args.to_string(),
+                timeout_ms: 0,
+                session_id: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .result
+            .unwrap();
+        if check(&r) || Instant::now() > deadline {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn custom_tools_declared_as_tool_resources_are_served_and_show_their_status() {
+    let Some(d) = deployed("custom-tools") else {
+        return;
+    };
+    let kube = Client::try_default().await.unwrap();
+    // `helm upgrade` of an older release does not install new CRDs: make sure it is there.
+    run_cmd(
+        Command::new("kubectl")
+            .args(["apply", "--server-side", "-f"])
+            .arg(repo().join("deploy/crds/toolrun.dev_tools.yaml")),
+    )
+    .unwrap();
+    let tools: Api<toolrun_crd::Tool> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let name = unique("wc");
+    let tool = name.replace('-', "_");
+    let v1 = "    language: python\n    script: |\n      import json, sys\n      \
+        print(json.dumps({'words': len(json.load(sys.stdin)['text'].split())}))\n";
+    kubectl_apply(&name, &tool_manifest(&name, v1));
+    let ready = wait_ready(&tools, &name, "True").await;
+    assert_eq!(ready.reason, "Loaded");
+
+    // Served: listed with its schema, called in a pod, its output validated.
+    let mut c = client(&d).await;
+    let defs = c
+        .list_tools(pb::ListToolsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .tools;
+    let def = defs
+        .iter()
+        .find(|t| t.id == tool)
+        .unwrap_or_else(|| panic!("{tool} is not listed"));
+    assert!(def.input_schema_json.contains("\"text\""), "{def:?}");
+    let r = call_until(&d, &tool, json!({"text": "a b c"}), |r| r.ok).await;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.output_json, r#"{"words":3}"#);
+    // Arguments are validated before any pod starts.
+    let r = call_until(&d, &tool, json!({"text": 1}), |_| true).await;
+    assert_eq!(
+        r.error.as_ref().map(|e| e.code),
+        Some(pb::ErrorCode::InvalidArguments as i32),
+        "{r:?}"
+    );
+    // The run was a ToolRun recorded under the custom tool's name.
+    let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let recorded = runs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .any(|tr| tr.spec.tool == tool);
+    assert!(recorded, "no ToolRun with spec.tool {tool}");
+
+    // `kubectl get tools` shows it ready.
+    let table = run_cmd(Command::new("kubectl").args(["get", "tools", "-n", SANDBOX_NS])).unwrap();
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&name))
+        .unwrap_or_else(|| panic!("{name} not in:\n{table}"));
+    assert!(row.contains("True") && row.contains("Loaded"), "{table}");
+
+    // Changed: new calls run the new script.
+    let v2 = v1.replace("'words': len(", "'words': 100 + len(");
+    kubectl_apply(&name, &tool_manifest(&name, &v2));
+    let r = call_until(&d, &tool, json!({"text": "a b"}), |r| {
+        r.output_json == r#"{"words":102}"#
+    })
+    .await;
+    assert_eq!(r.output_json, r#"{"words":102}"#, "{r:?}");
+
+    // Invalid (an image the gateway does not run yet): refused with the reason in its
+    // status and in `kubectl get tools -o wide`; the tool is no longer served.
+    let image = "    image: busybox:1.36\n    command: [\"/bin/cat\"]\n";
+    kubectl_apply(&name, &tool_manifest(&name, image));
+    let cond = wait_ready(&tools, &name, "False").await;
+    assert_eq!(cond.reason, "Invalid");
+    assert!(cond.message.contains("image and command"), "{cond:?}");
+    let wide = run_cmd(Command::new("kubectl").args(["get", "tl", "-n", SANDBOX_NS, "-o", "wide"]))
+        .unwrap();
+    assert!(
+        wide.contains("Invalid") && wide.contains("busybox"),
+        "{wide}"
+    );
+    let r = call_until(&d, &tool, json!({"text": "a"}), |r| !r.ok).await;
+    assert_eq!(
+        r.error.as_ref().map(|e| e.code),
+        Some(pb::ErrorCode::UnknownTool as i32),
+        "{r:?}"
+    );
+
+    // The API server refuses a Tool with both implementations (CEL), before the gateway.
+    let both = format!("{v1}{image}");
+    let path = std::env::temp_dir().join(format!("{name}-both.yaml"));
+    std::fs::write(&path, tool_manifest(&format!("{name}-both"), &both)).unwrap();
+    let refused = run_cmd(Command::new("kubectl").arg("apply").arg("-f").arg(&path));
+    let _ = std::fs::remove_file(&path);
+    let e = format!(
+        "{:#}",
+        refused.expect_err("a Tool with two implementations is refused")
+    );
+    assert!(e.contains("give language and script"), "{e}");
+
+    // Deleted: gone.
+    kubectl_apply(&name, &tool_manifest(&name, v1));
+    wait_ready(&tools, &name, "True").await;
+    tools.delete(&name, &DeleteParams::default()).await.unwrap();
+    let r = call_until(&d, &tool, json!({"text": "a"}), |r| {
+        r.error
+            .as_ref()
+            .is_some_and(|e| e.code == pb::ErrorCode::UnknownTool as i32)
+    })
+    .await;
+    assert!(!r.ok, "{r:?}");
+}

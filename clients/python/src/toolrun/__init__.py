@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from .aio import AsyncClient, AsyncSession
 from .client import Client, Session
+from .custom import custom_tool_config, custom_tool_script
 from .errors import (
     AlreadyExists,
     ApprovalNotFound,
@@ -85,6 +86,8 @@ __all__ = [
     "ToolrunError",
     "Unauthenticated",
     "Unavailable",
+    "custom_tool_config",
+    "custom_tool_script",
     "function_to_tool_definition",
     "type_to_schema",
     "validate_tool_name",

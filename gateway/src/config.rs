@@ -61,6 +61,8 @@ pub struct Config {
     pub sessions: SessionsConfig,
     /// The MCP (and HTTP) listener.
     pub mcp: McpConfig,
+    /// The web tools (web_fetch's allowlist, web_search's provider).
+    pub web: crate::tools::web::WebConfig,
 }
 
 /// Settings of the MCP listener (`mcp`): which `Host` and `Origin` headers it accepts, on
@@ -702,6 +704,10 @@ impl Config {
             });
         }
         self.sandbox.validate_code_interpreter()?;
+        self.web.validate().map_err(|e| ConfigError::Invalid {
+            key: e.key,
+            message: e.message,
+        })?;
         let max_s = MAX_TIMEOUT_MS / 1000;
         if !(1..=max_s).contains(&self.sandbox.default_timeout_seconds) {
             return Err(ConfigError::Invalid {

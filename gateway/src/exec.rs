@@ -390,7 +390,14 @@ impl Executor {
         if !entry.enabled {
             return Err(ToolError::new(
                 ErrorCode::ToolDisabled,
-                format!("tool {:?} is disabled by configuration", meta.id),
+                format!(
+                    "tool {:?} is {}",
+                    meta.id,
+                    entry
+                        .disabled_reason
+                        .as_deref()
+                        .unwrap_or("disabled by configuration")
+                ),
             ));
         }
         // Callers hold no capabilities yet, so a tool that requires any is refused.

@@ -34,6 +34,9 @@ pub struct Entry {
     pub tool: Arc<dyn Tool>,
     /// Enabled by configuration.
     pub enabled: bool,
+    /// Why the tool is disabled (configuration, or a tool that cannot run as configured,
+    /// e.g. web_search without a provider); `None` when enabled.
+    pub disabled_reason: Option<String>,
     /// Longest a call may take.
     pub timeout: Duration,
     /// Compiled input schema.
@@ -71,6 +74,28 @@ impl Registry {
         aliases: &[&str],
         config: &Config,
     ) -> Result<(), RegistryError> {
+        self.insert(tool, aliases, config, None)
+    }
+
+    /// Adds a tool that cannot run as configured: listed as disabled with `reason`, its
+    /// calls refused with TOOL_DISABLED and the reason.
+    pub fn register_disabled(
+        &mut self,
+        tool: Arc<dyn Tool>,
+        aliases: &[&str],
+        config: &Config,
+        reason: String,
+    ) -> Result<(), RegistryError> {
+        self.insert(tool, aliases, config, Some(reason))
+    }
+
+    fn insert(
+        &mut self,
+        tool: Arc<dyn Tool>,
+        aliases: &[&str],
+        config: &Config,
+        unavailable: Option<String>,
+    ) -> Result<(), RegistryError> {
         let id = tool.metadata().id;
         let names: Vec<&str> = std::iter::once(id).chain(aliases.iter().copied()).collect();
         for name in &names {
@@ -81,8 +106,16 @@ impl Registry {
         let validator = validate_definition(id, tool.input_schema())?;
         let output_validator = compile(id, "output", tool.output_schema())?;
         let tool_config = config.tool(id);
+        let disabled_reason = if tool_config.is_some_and(|c| !c.enabled) {
+            Some(format!(
+                "disabled by configuration (tools.{id}.enabled: false)"
+            ))
+        } else {
+            unavailable
+        };
         let entry = Arc::new(Entry {
-            enabled: tool_config.is_none_or(|c| c.enabled),
+            enabled: disabled_reason.is_none(),
+            disabled_reason,
             timeout: Duration::from_millis(
                 tool_config
                     .and_then(|c| c.timeout_ms)

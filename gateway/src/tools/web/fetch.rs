@@ -401,6 +401,8 @@ impl WebFetch {
                         json!({ "location": next.as_str(), "reason": "too_many_redirects" }),
                     ));
                 }
+                // A forbidden address says so, whatever the allowlist would say.
+                self.check_literal(&next)?;
                 // In a session the approval covered the host asked for; elsewhere only
                 // the allowlist counts.
                 let same_host = next.host().map(|h| h.to_owned()) == approved_host;
@@ -513,8 +515,12 @@ impl WebFetch {
                 false,
             ),
         };
-        let text = if is_html && utf8 {
-            Some(html_text(body.clone()).await)
+        let text = if is_html && utf8 && nesting_depth(&body) <= MAX_TEXT_NESTING {
+            // Rendering gets what is left of the call's time; past it the page comes
+            // without its text form.
+            tokio::time::timeout_at(deadline, html_text(body.clone()))
+                .await
+                .ok()
         } else {
             None
         };
@@ -529,6 +535,51 @@ impl WebFetch {
             redirects,
         })
     }
+}
+
+/// Deepest element nesting of a page rendered as text: the renderer's time grows
+/// steeply with depth, and real pages stay far below this.
+const MAX_TEXT_NESTING: usize = 512;
+
+/// Elements that never hold others, or whose end tag may be left out: not counted.
+const UNNESTED: [&str; 22] = [
+    "area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track",
+    "wbr", "p", "li", "dt", "dd", "tr", "td", "th", "option", "!",
+];
+
+/// An upper estimate of a page's element nesting, from its tags alone (a scan, no parse).
+fn nesting_depth(html: &str) -> usize {
+    let (mut depth, mut max) = (0usize, 0usize);
+    let b = html.as_bytes();
+    let mut i = 0;
+    while let Some(off) = b[i..].iter().position(|&c| c == b'<') {
+        i += off + 1;
+        match b.get(i) {
+            Some(b'/') => depth = depth.saturating_sub(1),
+            Some(c) if c.is_ascii_alphabetic() || *c == b'!' => {
+                let end = b[i..]
+                    .iter()
+                    .position(|c| c.is_ascii_whitespace() || *c == b'>' || *c == b'/')
+                    .map_or(b.len(), |e| i + e);
+                let name = html[i..end].to_ascii_lowercase();
+                let close = b[i..]
+                    .iter()
+                    .position(|&c| c == b'>')
+                    .map_or(b.len(), |e| i + e);
+                let self_closing = close > 0 && b.get(close - 1) == Some(&b'/');
+                if !self_closing
+                    && !UNNESTED
+                        .iter()
+                        .any(|u| name.starts_with(u) && (name == *u || *u == "!"))
+                {
+                    depth += 1;
+                    max = max.max(depth);
+                }
+            }
+            _ => {}
+        }
+    }
+    max
 }
 
 /// Renders HTML as wrapped text on a thread of its own: the renderer recurses over the
@@ -731,5 +782,21 @@ impl TypedTool for WebFetch {
         ctx: &CallContext,
     ) -> Result<WebFetchOutput, ToolError> {
         self.fetch(input, ctx).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nesting_is_estimated_from_tags() {
+        assert_eq!(
+            nesting_depth("<html><body><div><p>a<p>b<br></div></body></html>"),
+            3
+        );
+        assert_eq!(nesting_depth("<!doctype html><img src=x /><div/>"), 0);
+        assert_eq!(nesting_depth(&"<div>".repeat(1000)), 1000);
+        assert_eq!(nesting_depth("a < b"), 0);
     }
 }

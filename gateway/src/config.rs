@@ -755,6 +755,7 @@ mod tests {
         let c = Config::load(Path::new(path)).expect("example loads");
         assert_eq!(c.sessions, SessionsConfig::default());
         assert_eq!(c.mcp, McpConfig::default());
+        assert_eq!(c.web, crate::tools::web::WebConfig::default());
         assert_eq!(
             c.tools.get("shell").and_then(|t| t.timeout_ms),
             Some(MAX_SHELL_TIMEOUT_MS)

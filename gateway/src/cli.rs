@@ -56,6 +56,9 @@ pub enum Command {
         /// Output form.
         #[arg(long, value_enum, default_value_t = ToolsFormat::Table)]
         format: ToolsFormat,
+        /// Also list disabled tools, with why.
+        #[arg(long)]
+        all: bool,
     },
     /// Call one tool and print its result as JSON; with --from, run the tool calls in a
     /// provider's assistant message and print that provider's tool-result message(s).
@@ -325,7 +328,7 @@ pub fn result_json(r: &pb::ToolResult) -> Value {
 pub async fn run_client(command: Command) -> Result<i32, CliError> {
     match command {
         Command::Serve(_) | Command::Bench(_) => unreachable!("handled by the caller"),
-        Command::Tools { conn, format } => tools(&conn, format).await,
+        Command::Tools { conn, format, all } => tools(&conn, format, all).await,
         Command::Session { conn, action } => session(&conn, action).await,
         Command::Approvals {
             conn,
@@ -775,7 +778,7 @@ async fn call_from(
     })
 }
 
-async fn tools(conn: &Conn, format: ToolsFormat) -> Result<i32, CliError> {
+async fn tools(conn: &Conn, format: ToolsFormat, all: bool) -> Result<i32, CliError> {
     let mut client = connect(&conn.addr).await?;
     let wire_format = match format {
         ToolsFormat::Table | ToolsFormat::Json => pb::ToolFormat::Unspecified,
@@ -789,6 +792,7 @@ async fn tools(conn: &Conn, format: ToolsFormat) -> Result<i32, CliError> {
     let tools = client
         .list_tools(pb::ListToolsRequest {
             format: wire_format as i32,
+            include_disabled: all,
         })
         .await?
         .into_inner()
@@ -807,7 +811,11 @@ async fn tools(conn: &Conn, format: ToolsFormat) -> Result<i32, CliError> {
                             .to_lowercase()
                     })
                     .unwrap_or_default();
-                let mut desc = t.description.clone();
+                let mut desc = if t.disabled_reason.is_empty() {
+                    t.description.clone()
+                } else {
+                    format!("DISABLED: {}", t.disabled_reason)
+                };
                 if desc.len() > 70 {
                     let cut = (0..=67)
                         .rev()
@@ -862,6 +870,7 @@ fn native_json(t: &pb::ToolDefinition) -> Value {
         "timeout_ms": t.timeout_ms,
         "required_capabilities": t.required_capabilities,
         "aliases": t.aliases,
+        "disabled_reason": (!t.disabled_reason.is_empty()).then_some(&t.disabled_reason),
     })
 }
 

@@ -277,6 +277,7 @@ fn definition(entry: &crate::registry::Entry, format: Option<Format>) -> pb::Too
         rendered_json: format
             .map(|f| render(entry, f).to_string())
             .unwrap_or_default(),
+        disabled_reason: entry.disabled_reason.clone().unwrap_or_default(),
     }
 }
 
@@ -299,10 +300,12 @@ impl pb::tool_service_server::ToolService for ToolService {
             Ok(pb::ToolFormat::Gemini) => Some(Format::Gemini),
             Err(_) => return Err(Status::invalid_argument("unknown ToolFormat value")),
         };
+        let all = request.get_ref().include_disabled;
         let tools = self
             .executor
             .registry()
-            .enabled()
+            .all()
+            .filter(|e| e.enabled || all)
             .map(|e| definition(e, format))
             .collect();
         Ok(Response::new(pb::ListToolsResponse { tools }))

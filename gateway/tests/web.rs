@@ -972,6 +972,30 @@ async fn searxng_results_failures_and_the_unconfigured_tool() {
             .collect();
         assert!(listed.contains(&"web_fetch".to_string()), "{listed:?}");
         assert!(!listed.contains(&"web_search".to_string()), "{listed:?}");
+        // Listed as disabled, with the reason, when asked for every tool.
+        let all = none
+            .c
+            .list_tools(pb::ListToolsRequest {
+                include_disabled: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .tools;
+        let search = all.iter().find(|t| t.id == "web_search").expect("listed");
+        assert!(
+            search.disabled_reason.contains("web.search.provider"),
+            "{}",
+            search.disabled_reason
+        );
+        assert_eq!(
+            all.iter()
+                .find(|t| t.id == "web_fetch")
+                .unwrap()
+                .disabled_reason,
+            ""
+        );
     })
     .await
 }
@@ -1071,6 +1095,7 @@ async fn web_tools_are_listed_read_only_and_open_world() {
         let tools =
             gw.c.list_tools(pb::ListToolsRequest {
                 format: pb::ToolFormat::Mcp as i32,
+                ..Default::default()
             })
             .await
             .unwrap()

@@ -826,20 +826,7 @@ async fn urls_off_the_allowlist_need_approval_in_a_session_and_are_refused_outsi
             let pending = tokio::spawn(async move {
                 call_in(&mut c2, "web_fetch", json!({"url": off2}), &s2).await
             });
-            let approval = loop {
-                let list =
-                    gw.c.list_approvals(pb::ListApprovalsRequest {
-                        session_id: s.clone(),
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner()
-                    .approvals;
-                if let Some(a) = list.into_iter().next() {
-                    break a;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            };
+            let approval = first_approval(&mut gw.c, &s).await;
             assert_eq!(approval.tool, "web_fetch");
             assert!(
                 approval.reason.contains("not on the allowlist"),
@@ -866,6 +853,36 @@ async fn urls_off_the_allowlist_need_approval_in_a_session_and_are_refused_outsi
                 assert_eq!(seen.hits.load(Ordering::SeqCst), hits);
             }
         }
+        // An approved host's redirect within that host is followed; one to another host off
+        // the allowlist is not (it would need its own approval).
+        for (to, followed) in [
+            (format!("http://localhost:{p}/ok"), true),
+            ("http://example.com/ok".to_string(), false),
+        ] {
+            let url = format!("http://localhost:{p}/redirect?to={to}");
+            let mut c2 = gw.c.clone();
+            let s2 = s.clone();
+            let pending = tokio::spawn(async move {
+                call_in(&mut c2, "web_fetch", json!({"url": url}), &s2).await
+            });
+            let id = first_approval(&mut gw.c, &s).await.approval_id;
+            gw.c.decide_approval(pb::DecideApprovalRequest {
+                approval_id: id,
+                approve: true,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+            let r = pending.await.unwrap();
+            if followed {
+                let v = r.ok();
+                assert_eq!(v["redirects"], 1);
+                assert_eq!(v["body"], "hello");
+            } else {
+                let d = r.err("APPROVAL_REQUIRED");
+                assert_eq!(d["reason"], "redirect_not_allowlisted");
+            }
+        }
         // A forbidden address is refused at once, without asking anyone.
         let d = call_in(
             &mut gw.c,
@@ -878,6 +895,24 @@ async fn urls_off_the_allowlist_need_approval_in_a_session_and_are_refused_outsi
         assert_eq!(d["range"], "cloud-metadata");
     })
     .await
+}
+
+/// The first pending approval of `session`, once there is one.
+async fn first_approval(c: &mut Client, session: &str) -> pb::Approval {
+    loop {
+        let list = c
+            .list_approvals(pb::ListApprovalsRequest {
+                session_id: session.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .approvals;
+        if let Some(a) = list.into_iter().next() {
+            return a;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 // ---------------------------------------------------------------- web_search

@@ -351,7 +351,11 @@ impl WebFetch {
             )
             .with_details(json!({ "url": url.as_str(), "reason": "not_allowlisted" })));
         }
-        let approved_host = url.host().map(|h| h.to_owned());
+        // The host a human approved (or a session in mode `all` let through): redirects
+        // within it need no allowlist entry.
+        let approved_host = (in_session && !self.policy.allowed(&url))
+            .then(|| url.host().map(|h| h.to_owned()))
+            .flatten();
         let mut deadline = ctx
             .deadline
             .checked_sub(DEADLINE_MARGIN)
@@ -405,8 +409,9 @@ impl WebFetch {
                 self.check_literal(&next)?;
                 // In a session the approval covered the host asked for; elsewhere only
                 // the allowlist counts.
-                let same_host = next.host().map(|h| h.to_owned()) == approved_host;
-                if !(self.policy.allowed(&next) || (in_session && same_host)) {
+                let approved =
+                    approved_host.is_some() && next.host().map(|h| h.to_owned()) == approved_host;
+                if !(self.policy.allowed(&next) || approved) {
                     return Err(ToolError::new(
                         ErrorCode::ApprovalRequired,
                         format!(

@@ -57,6 +57,9 @@ pub enum Command {
         /// Output form.
         #[arg(long, value_enum, default_value_t = ToolsFormat::Table)]
         format: ToolsFormat,
+        /// Also list disabled tools, with why.
+        #[arg(long)]
+        all: bool,
     },
     /// Call one tool and print its result as JSON; with --from, run the tool calls in a
     /// provider's assistant message and print that provider's tool-result message(s).
@@ -467,7 +470,7 @@ pub async fn run_client(command: Command) -> Result<i32, CliError> {
         Command::Serve(_) | Command::Bench(_) | Command::Keys { .. } | Command::Replay { .. } => {
             unreachable!("handled by the caller")
         }
-        Command::Tools { conn, format } => tools(&conn, format).await,
+        Command::Tools { conn, format, all } => tools(&conn, format, all).await,
         Command::Session { conn, action } => session(&conn, action).await,
         Command::Approvals {
             conn,
@@ -917,7 +920,7 @@ async fn call_from(
     })
 }
 
-async fn tools(conn: &Conn, format: ToolsFormat) -> Result<i32, CliError> {
+async fn tools(conn: &Conn, format: ToolsFormat, all: bool) -> Result<i32, CliError> {
     let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
     let wire_format = match format {
         ToolsFormat::Table | ToolsFormat::Json => pb::ToolFormat::Unspecified,
@@ -931,6 +934,7 @@ async fn tools(conn: &Conn, format: ToolsFormat) -> Result<i32, CliError> {
     let tools = client
         .list_tools(pb::ListToolsRequest {
             format: wire_format as i32,
+            include_disabled: all,
         })
         .await?
         .into_inner()
@@ -949,7 +953,11 @@ async fn tools(conn: &Conn, format: ToolsFormat) -> Result<i32, CliError> {
                             .to_lowercase()
                     })
                     .unwrap_or_default();
-                let mut desc = t.description.clone();
+                let mut desc = if t.disabled_reason.is_empty() {
+                    t.description.clone()
+                } else {
+                    format!("DISABLED: {}", t.disabled_reason)
+                };
                 if desc.len() > 70 {
                     let cut = (0..=67)
                         .rev()
@@ -1004,6 +1012,7 @@ fn native_json(t: &pb::ToolDefinition) -> Value {
         "timeout_ms": t.timeout_ms,
         "required_capabilities": t.required_capabilities,
         "aliases": t.aliases,
+        "disabled_reason": (!t.disabled_reason.is_empty()).then_some(&t.disabled_reason),
     })
 }
 

@@ -70,6 +70,8 @@ pub struct Config {
     /// with its reason in /readyz while the others serve) and reloaded when the file
     /// changes.
     pub custom_tools: Vec<serde_json::Value>,
+    /// The web tools (web_fetch's allowlist, web_search's provider).
+    pub web: crate::tools::web::WebConfig,
 }
 
 /// Settings of the MCP listener (`mcp`): which `Host` and `Origin` headers it accepts, on
@@ -713,6 +715,10 @@ impl Config {
             });
         }
         self.sandbox.validate_code_interpreter()?;
+        self.web.validate().map_err(|e| ConfigError::Invalid {
+            key: e.key,
+            message: e.message,
+        })?;
         let max_s = MAX_TIMEOUT_MS / 1000;
         if !(1..=max_s).contains(&self.sandbox.default_timeout_seconds) {
             return Err(ConfigError::Invalid {
@@ -762,6 +768,7 @@ mod tests {
         assert_eq!(c.mcp, McpConfig::default());
         assert_eq!(c.auth, crate::auth::AuthConfig::default());
         assert_eq!(c.audit, crate::audit::AuditConfig::default());
+        assert_eq!(c.web, crate::tools::web::WebConfig::default());
         assert_eq!(
             c.tools.get("shell").and_then(|t| t.timeout_ms),
             Some(MAX_SHELL_TIMEOUT_MS)

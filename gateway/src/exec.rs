@@ -499,7 +499,14 @@ impl Executor {
         if !entry.enabled {
             return Err(ToolError::new(
                 ErrorCode::ToolDisabled,
-                format!("tool {:?} is disabled by configuration", meta.id),
+                format!(
+                    "tool {:?} is {}",
+                    meta.id,
+                    entry
+                        .disabled_reason
+                        .as_deref()
+                        .unwrap_or("disabled by configuration")
+                ),
             ));
         }
         // Seed 003: the capability check, then the resource check, before anything runs

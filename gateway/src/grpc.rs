@@ -312,6 +312,7 @@ fn definition(entry: &crate::registry::Entry, format: Option<Format>) -> pb::Too
         rendered_json: format
             .map(|f| render(entry, f).to_string())
             .unwrap_or_default(),
+        disabled_reason: entry.disabled_reason.clone().unwrap_or_default(),
     }
 }
 
@@ -335,10 +336,12 @@ impl pb::tool_service_server::ToolService for ToolService {
             Err(_) => return Err(Status::invalid_argument("unknown ToolFormat value")),
         };
         let tenant = Caller::of(request.extensions());
+        let all = request.get_ref().include_disabled;
         let tools = self
             .executor
             .registry()
-            .enabled()
+            .all()
+            .filter(|e| e.enabled || all)
             .filter(|e| tenant.may_use(e.id()))
             .map(|e| definition(e, format))
             .collect();

@@ -34,6 +34,9 @@ pub struct Entry {
     pub tool: Arc<dyn Tool>,
     /// Enabled by configuration.
     pub enabled: bool,
+    /// Why the tool is disabled (configuration, or a tool that cannot run as configured,
+    /// e.g. web_search without a provider); `None` when enabled.
+    pub disabled_reason: Option<String>,
     /// Longest a call may take.
     pub timeout: Duration,
     /// Compiled input schema.
@@ -72,14 +75,43 @@ impl Registry {
         aliases: &[&str],
         config: &Config,
     ) -> Result<(), RegistryError> {
-        let tool_config = config.tool(&tool.metadata().id);
-        let enabled = tool_config.is_none_or(|c| c.enabled);
+        self.register_with(tool, aliases, config, None)
+    }
+
+    /// Adds a tool that cannot run as configured: listed as disabled with `reason`, its
+    /// calls refused with TOOL_DISABLED and the reason.
+    pub fn register_disabled(
+        &mut self,
+        tool: Arc<dyn Tool>,
+        aliases: &[&str],
+        config: &Config,
+        reason: String,
+    ) -> Result<(), RegistryError> {
+        self.register_with(tool, aliases, config, Some(reason))
+    }
+
+    fn register_with(
+        &mut self,
+        tool: Arc<dyn Tool>,
+        aliases: &[&str],
+        config: &Config,
+        unavailable: Option<String>,
+    ) -> Result<(), RegistryError> {
+        let id = tool.metadata().id.to_string();
+        let tool_config = config.tool(&id);
+        let disabled_reason = if tool_config.is_some_and(|c| !c.enabled) {
+            Some(format!(
+                "disabled by configuration (tools.{id}.enabled: false)"
+            ))
+        } else {
+            unavailable
+        };
         let timeout = Duration::from_millis(
             tool_config
                 .and_then(|c| c.timeout_ms)
                 .unwrap_or(tool.default_timeout_ms()),
         );
-        self.insert(tool, aliases, enabled, timeout)
+        self.insert_entry(tool, aliases, disabled_reason, timeout)
     }
 
     /// Adds a tool with its own timeout (a custom tool, whose declaration carries it);
@@ -89,6 +121,17 @@ impl Registry {
         tool: Arc<dyn Tool>,
         aliases: &[&str],
         enabled: bool,
+        timeout: Duration,
+    ) -> Result<(), RegistryError> {
+        let reason = (!enabled).then(|| "disabled by its declaration".to_string());
+        self.insert_entry(tool, aliases, reason, timeout)
+    }
+
+    fn insert_entry(
+        &mut self,
+        tool: Arc<dyn Tool>,
+        aliases: &[&str],
+        disabled_reason: Option<String>,
         timeout: Duration,
     ) -> Result<(), RegistryError> {
         let id: &str = &tool.metadata().id;
@@ -102,7 +145,8 @@ impl Registry {
         let output_validator = compile(id, "output", tool.output_schema())?;
         let names: Vec<String> = names.into_iter().map(String::from).collect();
         let entry = Arc::new(Entry {
-            enabled,
+            enabled: disabled_reason.is_none(),
+            disabled_reason,
             timeout,
             validator,
             output_validator,

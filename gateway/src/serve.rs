@@ -350,6 +350,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         tracing::info!(
             tool = e.id(),
             enabled = e.enabled,
+            disabled_reason = e.disabled_reason.as_deref().unwrap_or(""),
             timeout_ms = e.timeout.as_millis() as u64,
             "tool registered"
         );

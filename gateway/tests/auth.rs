@@ -720,7 +720,10 @@ async fn allowed_tools_and_capabilities_are_checked_before_anything_runs() {
     // calc-only lists and calls the calculator only, on every front door.
     let mut calc = gw.client(Some(&keys["calc-only"])).await;
     let tools = calc
-        .list_tools(pb::ListToolsRequest { format: 0 })
+        .list_tools(pb::ListToolsRequest {
+            format: 0,
+            include_disabled: false,
+        })
         .await
         .unwrap()
         .into_inner()
@@ -748,7 +751,10 @@ async fn allowed_tools_and_capabilities_are_checked_before_anything_runs() {
     let all = gw
         .client(Some(&keys["team-a"]))
         .await
-        .list_tools(pb::ListToolsRequest { format: 0 })
+        .list_tools(pb::ListToolsRequest {
+            format: 0,
+            include_disabled: false,
+        })
         .await
         .unwrap()
         .into_inner()

@@ -85,6 +85,7 @@ async fn tools_in_every_format() {
         "calculator",
         "echo",
         "hash",
+        "web_fetch",
         "read_file",
         "write_file",
         "list_directory",
@@ -100,6 +101,15 @@ async fn tools_in_every_format() {
     for id in ids {
         assert!(table.contains(id), "{table}");
     }
+    // web_search has no provider here: listed only with --all, disabled with the reason.
+    assert!(!table.contains("web_search"), "{table}");
+    let out = toolrun(&s, &["tools", "--all"], None).await;
+    let all = String::from_utf8_lossy(&out.stdout);
+    let line = all
+        .lines()
+        .find(|l| l.starts_with("web_search"))
+        .unwrap_or_default();
+    assert!(line.contains("DISABLED: no search provider"), "{all}");
     for (format, name_ptr) in [
         ("json", "/id"),
         ("openai", "/function/name"),

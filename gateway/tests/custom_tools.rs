@@ -133,6 +133,7 @@ impl Gw {
             "ListTools",
             self.c.list_tools(pb::ListToolsRequest {
                 format: format as i32,
+                include_disabled: false,
             }),
         )
         .await

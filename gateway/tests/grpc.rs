@@ -71,7 +71,7 @@ fn code(r: &pb::ToolResult) -> pb::ErrorCode {
 async fn list_tools_has_schemas_and_provider_forms() {
     let (_s, mut client) = server().await;
     let tools = client
-        .list_tools(pb::ListToolsRequest { format: 0 })
+        .list_tools(pb::ListToolsRequest::default())
         .await
         .unwrap()
         .into_inner()
@@ -97,6 +97,7 @@ async fn list_tools_has_schemas_and_provider_forms() {
         let tools = client
             .list_tools(pb::ListToolsRequest {
                 format: format as i32,
+                ..Default::default()
             })
             .await
             .unwrap()
@@ -185,7 +186,7 @@ async fn bad_arguments_are_typed_results_and_server_keeps_serving() {
 async fn disabled_tool_is_hidden_and_refused() {
     let (_s, mut client) = server_with(Some("tools:\n  hash:\n    enabled: false\n")).await;
     let tools = client
-        .list_tools(pb::ListToolsRequest { format: 0 })
+        .list_tools(pb::ListToolsRequest::default())
         .await
         .unwrap()
         .into_inner()

@@ -570,6 +570,7 @@ async fn definitions_in_every_provider_format() {
             client
                 .list_tools(pb::ListToolsRequest {
                     format: format as i32,
+                    ..Default::default()
                 })
                 .await
                 .unwrap()

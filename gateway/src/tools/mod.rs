@@ -9,6 +9,7 @@ pub mod files;
 pub mod hash;
 pub mod run_code;
 pub mod shell;
+pub mod web;
 
 use std::sync::Arc;
 
@@ -32,12 +33,13 @@ pub const SESSION_TOOLS: &[&str] = &[
     "shell",
 ];
 
-/// A registry with the inline built-ins (no sandboxed tools).
+/// A registry with the inline built-ins (no sandboxed tools), the web tools included.
 pub fn inline_registry(config: &Config) -> Result<Registry, RegistryError> {
     let mut r = Registry::new();
     r.register(typed(calculator::Calculator), &[], config)?;
     r.register(typed(echo::Echo), &[], config)?;
     r.register(typed(hash::Hash), &[], config)?;
+    web::register(&mut r, config, std::sync::Arc::new(web::SystemLookup))?;
     Ok(r)
 }
 

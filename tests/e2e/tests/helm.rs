@@ -1324,7 +1324,10 @@ async fn install_is_available_and_uninstall_leaves_only_the_crd() {
             .await?;
         let refused =
             toolrun_proto::v1::tool_service_client::ToolServiceClient::new(channel.clone())
-                .list_tools(toolrun_proto::v1::ListToolsRequest { format: 0 })
+                .list_tools(toolrun_proto::v1::ListToolsRequest {
+                    format: 0,
+                    include_disabled: false,
+                })
                 .await;
         ensure!(
             matches!(&refused, Err(s) if s.code() == tonic::Code::Unauthenticated),
@@ -1745,5 +1748,89 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
         k.metrics_listen.port(),
         9090,
         "the probes and the Service use 9090"
+    );
+}
+
+#[tokio::test]
+async fn web_egress_opens_public_addresses_only_when_enabled() {
+    let Some(helm) = helm_or_skip("web_egress_opens_public_addresses_only_when_enabled") else {
+        return;
+    };
+    // Off by default: the gateway reaches the API server only (one egress rule).
+    let objs = render(&helm, &[]).await.unwrap();
+    let np = find(&objs, "NetworkPolicy", Some(NS), "toolrun-gateway");
+    assert_eq!(np["spec"]["egress"].as_array().unwrap().len(), 1);
+
+    let objs = render(
+        &helm,
+        &[
+            ("gateway.web.egress", json!(true)),
+            ("gateway.web.searchApiKeySecret.name", json!("search-key")),
+        ],
+    )
+    .await
+    .unwrap();
+    let np = find(&objs, "NetworkPolicy", Some(NS), "toolrun-gateway");
+    let egress = np["spec"]["egress"].as_array().unwrap();
+    assert_eq!(egress.len(), 3, "API server, public addresses, DNS");
+    let public = &egress[1];
+    assert_eq!(
+        public["ports"],
+        json!([{"protocol": "TCP", "port": 80}, {"protocol": "TCP", "port": 443}])
+    );
+    let v4 = &public["to"][0]["ipBlock"];
+    assert_eq!(v4["cidr"], "0.0.0.0/0");
+    for private in [
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "100.64.0.0/10",
+    ] {
+        assert!(
+            v4["except"].as_array().unwrap().contains(&json!(private)),
+            "{private}"
+        );
+    }
+    let v6 = &public["to"][1]["ipBlock"];
+    assert_eq!(v6["cidr"], "::/0");
+    for private in ["::/8", "fc00::/7", "fe80::/10"] {
+        assert!(
+            v6["except"].as_array().unwrap().contains(&json!(private)),
+            "{private}"
+        );
+    }
+    assert_eq!(
+        egress[2]["ports"],
+        json!([{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}])
+    );
+    // Sandbox pods keep their deny-all policy, untouched.
+    let deny = objs
+        .iter()
+        .find(|o| {
+            o["kind"] == "NetworkPolicy" && o["metadata"]["name"] == "toolrun-sandbox-deny-all"
+        })
+        .expect("the sandbox's deny-all policy");
+    assert_eq!(
+        deny["spec"]["podSelector"]["matchLabels"]["toolrun.dev/sandbox"],
+        "true"
+    );
+    assert_eq!(deny["spec"]["policyTypes"], json!(["Ingress", "Egress"]));
+    assert!(
+        deny["spec"]
+            .get("egress")
+            .is_none_or(|e| e.as_array().is_some_and(|a| a.is_empty()))
+    );
+    // The key reaches the gateway as the named variable.
+    let gw = find(&objs, "Deployment", Some(NS), "toolrun-gateway");
+    let env = &gw["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert!(
+        env.as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "BRAVE_SEARCH_API_KEY"
+                && e["valueFrom"]["secretKeyRef"]["name"] == "search-key"),
+        "{env}"
     );
 }

@@ -73,7 +73,25 @@ impl NeutralMounts {
             Mode::from_raw_mode(0o755),
         )?;
         io::copy(&mut File::open(runner)?, &mut File::from(copy))?;
-        Ok(NeutralMounts { host_ns, runner_fs })
+        let neutral = NeutralMounts { host_ns, runner_fs };
+        // Kernels before 6.15 refuse to clone a detached mount from another namespace:
+        // find out now, on a throwaway thread, rather than fail every run.
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| -> io::Result<()> {
+                    nix::sched::unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_FS)?;
+                    rustix::mount::open_tree(
+                        &neutral.runner_fs,
+                        RUNNER_FILE,
+                        OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+                    )?;
+                    Ok(())
+                })
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("the probe thread panicked")))
+        })
+        .map_err(|e| io::Error::new(e.kind(), format!("cloning a detached mount: {e}")))?;
+        Ok(neutral)
     }
 
     /// Moves the calling thread into a private copy of its mount namespace with a fresh

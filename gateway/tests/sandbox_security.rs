@@ -809,3 +809,159 @@ async fn case25_to_28_dangerous_syscalls_are_refused() {
     let rec = bash("unshare -U true && echo UNSHARED; echo done").await;
     assert_eq!(rec.stdout, "done\n", "{rec:?}");
 }
+
+// 13/21. What a program learns of its host: its mount table (/proc/self/mountinfo,
+// /proc/mounts, PID 1's), /etc/passwd and /etc/group, its environment, the hostname, PID 1's
+// command line and cgroup show nothing of the host's layout, users or secrets: not the
+// runner's install directory, not where sandbox roots live on the host (`<tmp>/toolrun-sandbox`,
+// named after the gateway's pid), not the state directory of a session's workspace, not the
+// host's name, its other users or the gateway's environment. Controls: the same program run
+// on the host prints the hostname, the users and the environment; and a sandbox whose
+// workspace is a plain host directory (not a volume of its own) shows that directory's host
+// path in its mount table, so the check does see host paths where they leak.
+#[tokio::test]
+async fn host_layout_users_and_secrets_are_invisible() {
+    const READER: &str = "import json, os, socket\n\
+        out = {}\n\
+        for p in ['/proc/self/mountinfo', '/proc/mounts', '/proc/1/mountinfo', '/etc/passwd',\n\
+        \x20         '/etc/group', '/etc/hostname', '/proc/1/cmdline', '/proc/self/cgroup',\n\
+        \x20         '/proc/1/cgroup', '/proc/self/environ']:\n\
+        \x20   try:\n\
+        \x20       out[p] = open(p, 'rb').read().decode('utf-8', 'replace')\n\
+        \x20   except OSError as e:\n\
+        \x20       out[p] = 'error: ' + e.strerror\n\
+        out['env'] = dict(os.environ)\n\
+        out['hostname'] = socket.gethostname()\n\
+        out['nodename'] = os.uname().nodename\n\
+        out['cwd'] = os.getcwd()\n\
+        out['exe'] = os.readlink('/proc/self/exe')\n\
+        print(json.dumps(out))";
+
+    // What identifies this host and this gateway.
+    let exe = std::env::current_exe().unwrap();
+    let install_dir = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let root_base = std::env::temp_dir()
+        .join("toolrun-sandbox")
+        .display()
+        .to_string();
+    let checkout = std::env::current_dir().unwrap().display().to_string();
+    let hostname = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_string();
+    assert_ne!(
+        hostname, "toolrun",
+        "the host must not share the sandbox's name"
+    );
+    let host_passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    let users: Vec<&str> = host_passwd
+        .lines()
+        .filter(|l| !l.starts_with("root:") && !l.starts_with("nobody:") && !l.is_empty())
+        .collect();
+    assert!(
+        !users.is_empty(),
+        "the host has users besides root and nobody"
+    );
+    let env_name = "CARGO_PKG_NAME"; // set by cargo for this test process
+    assert!(std::env::var(env_name).is_ok());
+    let host_specific: Vec<String> = [hostname.clone(), env_name.to_string(), checkout.clone()]
+        .into_iter()
+        .chain(users.iter().map(|u| u.to_string()))
+        .collect();
+    // The hostname as a whole word (a short one, like `vm`, is a common substring).
+    let found = |output: &str, needles: &[String]| -> Vec<String> {
+        let words: Vec<&str> = output
+            .split(|c: char| !(c.is_alphanumeric() || "-_.".contains(c)))
+            .collect();
+        needles
+            .iter()
+            .filter(|n| {
+                if **n == hostname {
+                    words.contains(&n.as_str())
+                } else {
+                    output.contains(n.as_str())
+                }
+            })
+            .cloned()
+            .collect()
+    };
+
+    // Control: on the host, the same program sees the host's name, users and environment.
+    let host = host_python(READER);
+    assert_eq!(
+        found(&host, &host_specific),
+        host_specific,
+        "the reader must print what identifies the host"
+    );
+
+    // A state directory whose workspaces are volumes of their own, as `toolrun serve` makes
+    // them, and one plain directory beside them (the control for the mount table).
+    let state = tempfile::tempdir().unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(state.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    }
+    let state_dir = state.path().display().to_string();
+    let volumes = toolrun::session::volume::Volumes::new(state.path(), 16 << 20, 1024).unwrap();
+    assert_eq!(
+        volumes.kind(),
+        toolrun::session::volume::VolumeKind::Ext4Loop,
+        "{:?}",
+        volumes.problem
+    );
+    let volume = volumes.create("leakcheck").unwrap();
+    let plain = state.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    std::os::unix::fs::chown(&plain, Some(65534), Some(65534)).unwrap();
+
+    let everything: Vec<String> = host_specific
+        .iter()
+        .cloned()
+        .chain([install_dir.clone(), root_base.clone(), state_dir.clone()])
+        .collect();
+    let sandboxed = |workspace: Option<std::path::PathBuf>| {
+        let mut run = spec(Language::Python, READER, 10_000);
+        run.workspace = workspace;
+        run_spec(run)
+    };
+    for (what, workspace) in [("no workspace", None), ("a volume", Some(volume.clone()))] {
+        let rec = sandboxed(workspace).await;
+        assert_eq!(rec.verdict, Verdict::Ok, "{what}: {rec:?}");
+        let seen: serde_json::Value = serde_json::from_str(&rec.stdout).unwrap();
+        let mountinfo = seen["/proc/self/mountinfo"].as_str().unwrap();
+        assert!(
+            mountinfo.contains(" /.toolrun/toolrun-runner "),
+            "{what}: the mount table is read: {mountinfo}"
+        );
+        assert_eq!(
+            found(&rec.stdout, &everything),
+            Vec::<String>::new(),
+            "{what}: the sandbox sees host details:\n{}",
+            serde_json::to_string_pretty(&seen).unwrap()
+        );
+        assert_eq!(seen["hostname"], "toolrun");
+        assert_eq!(
+            seen["/etc/passwd"],
+            "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\n\
+             nobody:x:65534:65534:nobody:/tmp:/usr/sbin/nologin\n"
+        );
+        // The environment it was started with (python adds LC_CTYPE to its own later).
+        assert_eq!(seen["/proc/self/environ"], "PATH=/usr/bin:/bin\0");
+    }
+
+    // Control: a plain host directory bound as the workspace shows its host path.
+    let rec = sandboxed(Some(plain.clone())).await;
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    assert!(
+        found(&rec.stdout, &everything).contains(&state_dir),
+        "a bind of a host directory shows its host path in the mount table: {}",
+        rec.stdout
+    );
+    volumes.remove("leakcheck").unwrap();
+}

@@ -184,4 +184,70 @@ mod tests {
         assert!(r.overflowed);
         assert_eq!(c.finish(), "");
     }
+
+    proptest::proptest! {
+        /// Any bytes, cut into any reads, under any cap: the text forwarded is the lossy
+        /// UTF-8 decoding of the bytes kept, less at most one character cut by the cap;
+        /// overflow is flagged exactly when the stream passed the cap.
+        #[test]
+        fn chunked_decoding_is_the_lossy_decoding_of_what_is_kept(
+            bytes in proptest::collection::vec(proptest::prop_oneof![
+                proptest::num::u8::ANY,
+                proptest::sample::select(vec![0xe2u8, 0x82, 0xac, 0xf0, 0x9f, 0x98, 0x80, 0xc3]),
+            ], 0..200),
+            cuts in proptest::collection::vec(1usize..16, 0..40),
+            cap in 0u64..220,
+        ) {
+            let mut c = StreamCapture::new(cap);
+            let mut out = String::new();
+            let mut rest = bytes.as_slice();
+            let mut cuts = cuts.into_iter();
+            while !rest.is_empty() {
+                let n = cuts.next().unwrap_or(rest.len()).min(rest.len());
+                out.push_str(&c.push(&rest[..n]).text);
+                rest = &rest[n..];
+            }
+            out.push_str(&c.finish());
+            let kept = &bytes[..bytes.len().min(cap as usize)];
+            let want = String::from_utf8_lossy(kept);
+            let truncated = bytes.len() as u64 > cap;
+            proptest::prop_assert_eq!(c.truncated(), truncated);
+            if truncated {
+                proptest::prop_assert!(want.starts_with(out.as_str()), "{:?} / {:?}", out, want);
+                let dropped = &want[out.len()..];
+                let replacement = char::REPLACEMENT_CHARACTER.to_string();
+                proptest::prop_assert!(dropped.is_empty() || dropped == replacement);
+            } else {
+                proptest::prop_assert_eq!(out, want);
+            }
+        }
+
+        /// Every event line parses back to the event it was written from.
+        #[test]
+        fn event_lines_round_trip(data in ".{0,40}", code in proptest::num::i32::ANY, stderr in proptest::bool::ANY) {
+            use crate::{Event, PROTOCOL_VERSION, RunRecord, Verdict};
+            let events = [
+                if stderr { Event::Stderr { data: data.clone() } } else { Event::Stdout { data: data.clone() } },
+                Event::Result(RunRecord {
+                    version: PROTOCOL_VERSION,
+                    verdict: Verdict::RuntimeError,
+                    exit_code: code,
+                    signal: None,
+                    stdout: data.clone(),
+                    stderr: data,
+                    stdout_truncated: stderr,
+                    stderr_truncated: false,
+                    timed_out: false,
+                    duration_ms: code.unsigned_abs().into(),
+                    message: String::new(),
+                    artifacts: None,
+                }),
+            ];
+            for e in events {
+                let line = e.to_line();
+                proptest::prop_assert_eq!(line.matches('\n').count(), 1);
+                proptest::prop_assert_eq!(Event::parse(&line).unwrap(), e);
+            }
+        }
+    }
 }

@@ -159,4 +159,47 @@ mod tests {
         }
         assert!(RelPath::parse(".", false).is_err());
     }
+
+    /// Lexical resolution of `raw`'s components: None when `..` climbs above the root.
+    fn reference(components: &[&str]) -> Option<Vec<String>> {
+        let mut stack = Vec::new();
+        for c in components {
+            match *c {
+                "" | "." => {}
+                ".." => {
+                    stack.pop()?;
+                }
+                name => stack.push(name.to_string()),
+            }
+        }
+        Some(stack)
+    }
+
+    proptest::proptest! {
+        /// Any path made of `..`, `.`, empty and plain components, relative or under
+        /// /workspace: either refused as INVALID_PATH (exactly when `..` climbs above the
+        /// root) or resolved to plain components, never `..`, beneath the root.
+        #[test]
+        fn resolution_never_escapes_the_root(
+            components in proptest::collection::vec(
+                proptest::sample::select(vec!["..", ".", "", "a", "b", "c.txt", "...", "..a"]),
+                0..12,
+            ),
+            absolute in proptest::bool::ANY,
+        ) {
+            let joined = components.join("/");
+            let raw = if absolute { format!("/workspace/{joined}") } else { joined };
+            // A relative path that starts with "/" is absolute, outside /workspace.
+            let want = reference(&components).filter(|_| absolute || !raw.starts_with('/'));
+            match (RelPath::parse(&raw, true), want) {
+                (Ok(rel), Some(want)) => {
+                    proptest::prop_assert_eq!(rel.parts(), want.as_slice(), "{}", raw);
+                    proptest::prop_assert!(rel.parts().iter().all(|p| !p.is_empty() && p != "." && p != ".."));
+                    proptest::prop_assert!(!rel.as_kernel_path().starts_with('/'));
+                }
+                (Err(e), None) => proptest::prop_assert_eq!(e.code, crate::FsErrorCode::InvalidPath),
+                (got, want) => proptest::prop_assert!(false, "{raw:?}: got {got:?}, reference {want:?}"),
+            }
+        }
+    }
 }

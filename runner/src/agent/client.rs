@@ -136,9 +136,12 @@ impl Tracker {
         }
         let mut ready = Vec::new();
         if r.body.is_final() {
-            // Nothing before a final event can be replayed any more.
+            // Nothing before a final event can be replayed any more. Held events are keyed
+            // by the first seq they cover; one inside a `lost` range already released (a
+            // replay overlapping it) is a duplicate.
             for (_, h) in std::mem::take(&mut s.held) {
-                if h.seq < r.seq {
+                if h.seq > s.contiguous && h.seq < r.seq {
+                    s.contiguous = h.seq;
                     ready.push(h);
                 }
             }
@@ -146,14 +149,14 @@ impl Tracker {
             ready.push(r);
             return ready;
         }
-        if first_seq(&r) > s.contiguous + 1 {
+        if first_seq(&r) > s.contiguous.saturating_add(1) {
             s.held.insert(first_seq(&r), r);
             return ready;
         }
         s.contiguous = s.contiguous.max(r.seq);
         ready.push(r);
         while let Some(entry) = s.held.first_entry() {
-            if *entry.key() > s.contiguous + 1 {
+            if *entry.key() > s.contiguous.saturating_add(1) {
                 break;
             }
             let h = entry.remove();
@@ -263,5 +266,52 @@ mod tests {
         assert_eq!(t.push(line_error).len(), 1);
         t.forget("r");
         assert_eq!(t.last_seq("r"), 0);
+    }
+
+    fn lost(first_seq: u64, last_seq: u64) -> Response {
+        Response {
+            id: Some("r".into()),
+            seq: last_seq,
+            body: Body::Lost {
+                first_seq,
+                last_seq,
+            },
+        }
+    }
+
+    fn fin(seq: u64) -> Response {
+        Response {
+            id: Some("r".into()),
+            seq,
+            body: Body::Ok {
+                output: serde_json::Value::Null,
+            },
+        }
+    }
+
+    /// Found by the agent_proto fuzz target: an event held after a gap and a `lost` range
+    /// covering it, both released by the final event, gave that seq twice.
+    #[test]
+    fn a_final_event_releases_each_seq_once_in_order() {
+        let mut t = Tracker::new();
+        assert!(t.push(ev(3)).is_empty());
+        assert!(t.push(lost(2, 3)).is_empty());
+        assert_eq!(seqs(t.push(fin(6))), [3, 6]);
+        // A lost range ending past a held event covers it.
+        let mut t = Tracker::new();
+        assert!(t.push(ev(4)).is_empty());
+        assert!(t.push(lost(2, 5)).is_empty());
+        assert_eq!(seqs(t.push(fin(9))), [5, 9]);
+    }
+
+    /// The largest seq a line can carry does not overflow the tracker.
+    #[test]
+    fn the_largest_seq_does_not_overflow() {
+        let mut t = Tracker::new();
+        assert!(t.push(ev(5)).is_empty());
+        assert_eq!(seqs(t.push(lost(1, u64::MAX))), [u64::MAX]);
+        assert!(t.push(ev(u64::MAX)).is_empty());
+        assert_eq!(t.last_seq("r"), u64::MAX);
+        assert!(!t.waiting("r"));
     }
 }

@@ -33,6 +33,7 @@
 //! - `finish::verdict`: the record, corrected for memory, or a synthetic one.
 
 mod finish;
+mod neutral;
 mod pump;
 mod shape;
 mod spawn;
@@ -49,6 +50,7 @@ use toolrun_runner::{Event, RunRecord};
 pub use shape::WORKSPACE_IN_SANDBOX;
 
 use self::finish::{RunGuard, reap, verdict};
+use self::neutral::NeutralMounts;
 use self::pump::{Attached, Ending, pump};
 use self::shape::RunShape;
 use self::spawn::Prepared;
@@ -100,6 +102,9 @@ struct Inner {
     cgroups: Option<CgroupSupport>,
     /// The gateway is root: the spawning thread drops to 65534 so the sandbox maps to it.
     drop_to_nobody: bool,
+    /// Keeps the runner's and the root's host paths out of the sandbox's mount table
+    /// (root gateways on Linux 6.15 or later).
+    neutral: Option<NeutralMounts>,
     info: SandboxInfo,
     /// Serialises "drop this thread's credentials, fork": the credential change resets the
     /// process-wide dumpable flag, which the forked child needs set to write its uid_map.
@@ -186,7 +191,17 @@ impl LocalSandbox {
             false,
         );
         let use_cgroups = cgroups.memory.is_some() && cgroups.pids.is_some();
+        let neutral = if drop_to_nobody {
+            NeutralMounts::new(&runner).map_err(|e| e.to_string())
+        } else {
+            Err("needs a root gateway".to_string())
+        };
+        let (neutral, neutral_problem) = match neutral {
+            Ok(n) => (Some(n), None),
+            Err(e) => (None, Some(e)),
+        };
         let inner = Inner {
+            neutral,
             runner,
             paths,
             localtime,
@@ -237,6 +252,21 @@ impl LocalSandbox {
         mech("ipc-namespace", ns_ok, ns_detail("new per run"), true);
         mech("uts-namespace", ns_ok, ns_detail("hostname toolrun"), true);
         mech("cgroup-namespace", ns_ok, ns_detail("new per run"), false);
+        mech(
+            "host-paths-hidden",
+            ns_ok && neutral_problem.is_none(),
+            match &neutral_problem {
+                None => ns_detail(
+                    "/proc/self/mountinfo shows the root and the runner as tmpfs files, not \
+                     their host paths",
+                ),
+                Some(e) => format!(
+                    "/proc/self/mountinfo shows the runner's install path and the run's root \
+                     directory on the host: {e}"
+                ),
+            },
+            false,
+        );
         mech(
             "unprivileged-uid",
             ns_ok,

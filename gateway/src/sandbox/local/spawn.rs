@@ -159,6 +159,9 @@ impl Inner {
     /// Forks the sandbox of `shape` from the current (dedicated, unpooled) thread.
     ///
     /// This is the only place where credentials change; the sequence, under [`SPAWN_LOCK`]:
+    /// 0. when the gateway is root, move this thread into a private mount namespace where
+    ///    the root and the runner come from neutral tmpfs files ([`super::neutral`]); it
+    ///    returns to the gateway's namespace after step 4;
     /// 1. move this thread into the run's cgroups, so the fork starts inside them;
     /// 2. when the gateway is root, drop this thread (raw per-thread syscalls, not glibc's
     ///    process-wide setuid) to groups `[]`, gid 65534 and uid 65534 with saved uid 0,
@@ -181,6 +184,12 @@ impl Inner {
     ) -> Result<hakoniwa::Child, SandboxError> {
         let _guard = SPAWN_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         let tid = rustix::thread::gettid().as_raw_nonzero().get();
+        // 0.
+        if let Some(neutral) = &self.neutral {
+            neutral.enter(root, &self.runner).map_err(|e| {
+                SandboxError::Setup(format!("cannot hide host paths from the sandbox: {e}"))
+            })?;
+        }
         // 1.
         let home =
             match cg {
@@ -207,6 +216,13 @@ impl Inner {
             let root = rustix::process::Uid::ROOT;
             rustix::thread::set_thread_res_uid(root, root, root)
                 .map_err(|e| SandboxError::Setup(format!("cannot return to uid 0: {e}")))?;
+        }
+        if let Some(neutral) = &self.neutral {
+            neutral.leave().map_err(|e| {
+                SandboxError::Setup(format!(
+                    "cannot return to the gateway's mount namespace: {e}"
+                ))
+            })?;
         }
         // 5.
         if let Some(home) = home {

@@ -253,7 +253,8 @@ async fn run_code_creates_the_expected_toolrun_and_maps_its_status() {
             ..Limits::default()
         };
         let tool = RunCode::new(pool, limits, Duration::from_secs(30));
-        let ctx = CallContext::with_timeout("call/ü 1", Duration::from_secs(30));
+        let mut ctx = CallContext::with_timeout("call/ü 1", Duration::from_secs(30));
+        ctx.tenant = "team-k".into();
         let input = RunCodeInput {
             language: LanguageArg::Javascript,
             code: "console.log(process.argv[2])".into(),

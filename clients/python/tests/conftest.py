@@ -146,7 +146,7 @@ def run_gateway(
                     pytrace=False,
                 )
             time.sleep(0.1)
-        yield Gateway(address=address, admin=admin, state_dir=state, log=log, config=config)
+        yield Gateway(address=address, admin=admin, state_dir=state, log=log, config=config_file)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -149,6 +149,8 @@ fn gateway_sandbox_grants() -> BTreeSet<String> {
         ),
         ("", &["pods"], &["get", "list", "watch"]),
         ("", &["pods/log"], &["get"]),
+        ("toolrun.dev", &["tools"], &["get", "list", "watch"]),
+        ("toolrun.dev", &["tools/status"], &["patch"]),
     ])
 }
 
@@ -574,6 +576,18 @@ images:
   python:     {image: toolrun/sandbox:0.1.0, interpreter: /usr/bin/python3, runnerPath: /usr/local/bin/toolrun-runner}
   javascript: {image: toolrun/sandbox:0.1.0, interpreter: /usr/bin/node, runnerPath: /usr/local/bin/toolrun-runner}
   bash:       {image: toolrun/sandbox:0.1.0, interpreter: /bin/bash, runnerPath: /usr/local/bin/toolrun-runner}
+languages:
+  c:
+    image: toolrun/sandbox:0.1.0
+    runnerPath: /usr/local/bin/toolrun-runner
+    extension: c
+    command: 'gcc -O2 -std=c17 -Wall -o /tmp/.toolrun/prog {source} -lm && exec /tmp/.toolrun/prog "$@"'
+  typescript:
+    image: toolrun/sandbox:0.1.0
+    runnerPath: /usr/local/bin/toolrun-runner
+    extension: ts
+    command: '/usr/bin/esbuild --log-level=warning --platform=node --format=cjs --outfile=/tmp/.toolrun/main.js {source} && exec /usr/bin/node /tmp/.toolrun/main.js "$@"'
+artifacts: {maxFiles: 16, maxFileBytes: 524288, maxTotalBytes: 524288}
 defaultTtlSecondsAfterFinished: 3600
 defaultLimits: {timeoutSeconds: 30, memoryMiB: 256, cpuMillis: 250, processes: 64, outputBytes: 65536}
 maxLimits:     {timeoutSeconds: 300, memoryMiB: 2048, cpuMillis: 2000, processes: 1024, outputBytes: 262144}
@@ -862,6 +876,9 @@ async fn values_reach_the_operator_config_and_the_pods() {
         &[
             ("gateway.mcp.enabled", json!(false)),
             ("gateway.maxRunsInFlight", json!(0)),
+            // The default configured languages also go into the gateway's config file.
+            ("languages.typescript", Value::Null),
+            ("languages.c", Value::Null),
         ],
     )
     .await
@@ -982,7 +999,7 @@ async fn bad_values_are_rejected_with_the_key_named() {
                 "languages.ruby",
                 json!({"image": "ruby", "interpreter": "/usr/bin/ruby"}),
             )],
-            "additional properties 'ruby'",
+            "missing properties 'extension', 'command'",
         ),
         (
             vec![("sandbox.namespace", json!("Not_A_Namespace"))],
@@ -1661,7 +1678,17 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
     };
     // Default values: exactly the operator's built-in defaults.
     let objs = render(&helm, &[]).await.unwrap();
-    let config = Config::from_yaml(&operator_yaml(&objs)).expect("default operator.yaml loads");
+    let mut config = Config::from_yaml(&operator_yaml(&objs)).expect("default operator.yaml loads");
+    // ... plus the chart's configured languages, on the sandbox image and its runner.
+    let languages = std::mem::take(&mut config.operator.languages);
+    assert_eq!(languages.keys().collect::<Vec<_>>(), ["c", "typescript"]);
+    let c = &languages["c"];
+    assert_eq!(
+        (c.extension.as_str(), c.image.interpreter.as_str()),
+        ("c", "/bin/bash")
+    );
+    assert!(c.command.starts_with("gcc ") && c.command.contains("{source}"));
+    assert_eq!(c.image, Config::default().operator.images.bash);
     assert_eq!(config, Config::default());
 
     // Every value the chart passes on arrives where the operator reads it.

@@ -16,6 +16,10 @@ pub const SANDBOX_VALUE: &str = "true";
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY`] on everything the operator creates.
 pub const MANAGED_BY_VALUE: &str = "toolrun-operator";
+/// On warm pods: the language whose pool the pod belongs to. A warm pod without an owner
+/// is ready for work; one that a ToolRun owns (and that carries its [`RUN`] label) was
+/// claimed by that run and is deleted after it.
+pub const WARM_POOL: &str = "toolrun.dev/warm-pool";
 
 /// Longest label value Kubernetes accepts.
 pub const MAX_LABEL_VALUE: usize = 63;

@@ -57,7 +57,14 @@ pub struct OperatorConfig {
     /// `builders::sandbox_uid`). Either way `limits.processes` is enforced per pod with
     /// RLIMIT_NPROC, under the node's `podPidsLimit`.
     pub user_namespaces: bool,
+    /// Warm pods kept ready per language (`warmPool: {python: 2}`): a one-shot ToolRun
+    /// with the default pod limits and RuntimeClass runs in one of them instead of a new
+    /// pod (see [`crate::warmpool`]). Empty: every run gets a cold pod.
+    pub warm_pool: BTreeMap<String, u32>,
 }
+
+/// Most warm pods kept for one language.
+pub const MAX_WARM_POOL_SIZE: u32 = 64;
 
 /// A resolved set of limits: every one present.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,6 +208,7 @@ impl Default for OperatorConfig {
             tmp_size_mib: 64,
             ephemeral_storage_mib: 64,
             user_namespaces: false,
+            warm_pool: BTreeMap::new(),
         }
     }
 }
@@ -451,6 +459,20 @@ impl Config {
                 );
             }
         }
+        for (lang, size) in &o.warm_pool {
+            let key = format!("warmPool.{lang}");
+            if o.images.builtin(lang).is_none() && !o.languages.contains_key(lang) {
+                let mut known: Vec<&str> = vec!["python", "javascript", "bash"];
+                known.extend(o.languages.keys().map(String::as_str));
+                return invalid(
+                    &key,
+                    format!("unknown language (known: {})", known.join(", ")),
+                );
+            }
+            if *size > MAX_WARM_POOL_SIZE {
+                return invalid(&key, format!("at most {MAX_WARM_POOL_SIZE} warm pods"));
+            }
+        }
         if let Some(a) = &o.artifacts {
             let under_tmp = a.dir.starts_with("/tmp/") && !a.dir.split('/').any(|c| c == "..");
             if !under_tmp {
@@ -632,6 +654,7 @@ mod file {
         #[serde(rename = "ephemeralStorageMiB")]
         ephemeral_storage_mib: Option<u32>,
         user_namespaces: Option<bool>,
+        warm_pool: Option<BTreeMap<String, u32>>,
         controller: Option<Controller>,
     }
 
@@ -809,6 +832,7 @@ mod file {
             set(&mut o.tmp_size_mib, self.tmp_size_mib);
             set(&mut o.ephemeral_storage_mib, self.ephemeral_storage_mib);
             set(&mut o.user_namespaces, self.user_namespaces);
+            set(&mut o.warm_pool, self.warm_pool);
             if let Some(c) = self.controller {
                 let t = &mut config.controller;
                 set(&mut t.concurrency, c.concurrency);

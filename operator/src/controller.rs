@@ -41,6 +41,8 @@ use crate::follow::{self, Followers};
 use crate::metrics::{Metrics, VerdictLabels};
 use crate::record::{RecordError, record_from_log};
 use crate::status::{finished_status, status_without_record};
+use crate::warmpool::runs::AgentRuns;
+use crate::warmpool::{self, Pool};
 
 /// The one field manager of everything the operator writes.
 pub const FIELD_MANAGER: &str = "toolrun-operator";
@@ -99,6 +101,10 @@ pub struct Context {
     store: Mutex<Option<Store<ToolRun>>>,
     /// Followers of running pods' logs.
     pub followers: Arc<Followers>,
+    /// The warm pods (kept by [`warmpool::keep`] while leading).
+    pub pool: Arc<Pool>,
+    /// Runs carried to claimed warm pods' agents.
+    pub agent_runs: Arc<AgentRuns>,
 }
 
 impl Context {
@@ -127,6 +133,8 @@ impl Context {
                 ctl.max_log_followers,
                 config.namespace.clone(),
             )),
+            pool: Arc::new(Pool::default()),
+            agent_runs: Arc::new(AgentRuns::new(config.namespace.clone())),
         }
     }
 
@@ -180,6 +188,7 @@ impl Context {
             .unwrap_or_else(|e| e.into_inner())
             .remove(name);
         self.followers.forget_run(name);
+        self.agent_runs.forget_run(name);
     }
 
     fn runs(&self) -> Api<ToolRun> {
@@ -224,8 +233,17 @@ pub async fn run_controller(
 ) {
     let selector = format!("{}={}", labels::MANAGED_BY, labels::MANAGED_BY_VALUE);
     let children = watcher::Config::default().labels(&selector);
-    let records_read = ctx.followers.start_term();
+    let records_read =
+        futures::stream::select(ctx.followers.start_term(), ctx.agent_runs.start_term());
     let followers = ctx.followers.clone();
+    let agent_runs = ctx.agent_runs.clone();
+    let pool_stop = tokio_util::sync::CancellationToken::new();
+    let pool_task = tokio::spawn(warmpool::keep(
+        ctx.client.clone(),
+        ctx.config.clone(),
+        ctx.pool.clone(),
+        pool_stop.clone(),
+    ));
     let controller = Controller::new(ctx.runs(), watcher::Config::default());
     *ctx.store.lock().unwrap_or_else(|e| e.into_inner()) = Some(controller.store());
     controller
@@ -243,6 +261,9 @@ pub async fn run_controller(
         })
         .await;
     followers.end_term();
+    agent_runs.end_term();
+    pool_stop.cancel();
+    let _ = pool_task.await;
 }
 
 /// One reconcile of one ToolRun.
@@ -294,6 +315,7 @@ async fn reconcile_inner(cached: &ToolRun, name: &str, ctx: &Context) -> Result<
         .is_some_and(Phase::is_finished);
     if finished {
         ctx.followers.forget_run(name);
+        ctx.agent_runs.forget_run(name);
     }
     let pod_name = decide::current_pod_name(&run);
     let pod = ctx
@@ -303,14 +325,31 @@ async fn reconcile_inner(cached: &ToolRun, name: &str, ctx: &Context) -> Result<
         .map_err(kube_err(format!("reading pod {pod_name}")))?;
     // A record read from this very pod's live log (matched by UID: never another
     // attempt's, never an earlier ToolRun's of the same name).
-    let live_record = pod
-        .as_ref()
-        .and_then(|p| p.metadata.uid.as_deref())
-        .and_then(|uid| ctx.followers.record(uid));
+    let pod_uid = pod.as_ref().and_then(|p| p.metadata.uid.as_deref());
+    let live_record = pod_uid.and_then(|uid| {
+        ctx.followers
+            .record(uid)
+            .or_else(|| ctx.agent_runs.record(uid))
+    });
+    let failure = pod_uid.and_then(|uid| ctx.agent_runs.failure(uid));
+    // A warm pod is offered only to a run that has none and may use one.
+    let status = run.status.as_ref();
+    let candidate = (pod.is_none()
+        && !finished
+        && status.and_then(|s| s.pod_name.as_ref()).is_none()
+        && !status.is_some_and(|s| s.conditions.iter().any(|c| c.type_ == decide::BOUND)))
+    .then(|| decide::warm_language(&run, &ctx.config))
+    .flatten()
+    .and_then(|lang| ctx.pool.pick(lang));
+    let warm = decide::Warm {
+        candidate: candidate.as_ref(),
+        failure: failure.as_deref(),
+    };
     let decision = decide::decide(
         &run,
         pod.as_ref(),
         live_record.as_ref(),
+        warm,
         Timestamp::now(),
         &ctx.config,
         ctx.pending_grace,
@@ -434,6 +473,63 @@ async fn execute(
             ctx.forget(&name);
             Ok(Action::await_change())
         }
+        Decision::Bind { pod_name } => {
+            let now = Timestamp::now();
+            let message = format!("bound to warm pod {pod_name}");
+            let status = ToolRunStatus {
+                phase: Some(Phase::Pending),
+                pod_name: Some(pod_name.clone()),
+                conditions: vec![decide::bound_condition(run, true, &message, now)],
+                ..ToolRunStatus::default()
+            };
+            write_status(run, status, ctx).await?;
+            debug!(run = %name, pod = %pod_name, "bound to a warm pod");
+            ctx.metrics.warm_bound.inc();
+            Ok(Action::requeue(Duration::ZERO))
+        }
+        Decision::Claim {
+            pod_name,
+            resource_version,
+        } => {
+            claim(run, &pod_name, &resource_version, ctx).await?;
+            Ok(Action::requeue(Duration::ZERO))
+        }
+        Decision::Unbind {
+            reason,
+            delete_pod: leftover,
+        } => {
+            let now = Timestamp::now();
+            let status = ToolRunStatus {
+                phase: Some(Phase::Pending),
+                reason: Some(reason.clone()),
+                conditions: vec![decide::bound_condition(run, false, &reason, now)],
+                ..ToolRunStatus::default()
+            };
+            write_status(run, status, ctx).await?;
+            info!(run = %name, %reason, "gave the warm pod up: a pod of its own");
+            ctx.metrics.warm_unbound.inc();
+            if let Some(p) = leftover {
+                delete_pod(ctx, &p).await?;
+            }
+            Ok(Action::requeue(Duration::ZERO))
+        }
+        Decision::RunOnAgent { pod_name } => {
+            let pod = pod.expect("RunOnAgent is decided on an observed pod");
+            let request = builders::run_spec(run, &ctx.config)
+                .map_err(|e| format!("invalid ToolRun: {e}"))
+                .and_then(|spec| {
+                    warmpool::runs::request(run, spec).ok_or_else(|| "ToolRun without uid".into())
+                });
+            match request {
+                Ok(request) => {
+                    if ctx.agent_runs.ensure(&ctx.pods(), &name, pod, request) {
+                        debug!(run = %name, pod = %pod_name, "sent the run to the warm pod's agent");
+                    }
+                    Ok(Action::requeue(RESYNC))
+                }
+                Err(why) => finish(run, decide::infra(why), Some(pod_name), ctx).await,
+            }
+        }
         Decision::Wait(Some(after)) => Ok(Action::requeue(after.min(RESYNC))),
         Decision::Wait(None) => Ok(Action::requeue(RESYNC)),
     }
@@ -519,6 +615,51 @@ async fn create_pod(
     };
     write_status(run, status, ctx).await?;
     Ok(Action::requeue(RESYNC))
+}
+
+/// Makes the warm pod `pod_name` the run's: its owner (so it goes with the run) and its
+/// labels, by a merge patch carrying the resourceVersion it was seen unclaimed at. A
+/// conflict or a missing pod is not an error: the next look unbinds the run.
+async fn claim(
+    run: &ToolRun,
+    pod_name: &str,
+    resource_version: &str,
+    ctx: &Context,
+) -> Result<(), Error> {
+    let name = run.name_any();
+    let uid = run.metadata.uid.clone().ok_or(Error::Metadata("uid"))?;
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": resource_version,
+            "labels": {
+                labels::RUN: labels::label_value(&name),
+                labels::CALL_ID: labels::label_value(run.call_id()),
+            },
+            "ownerReferences": [{
+                "apiVersion": ToolRun::api_version(&()),
+                "kind": ToolRun::kind(&()),
+                "name": name,
+                "uid": uid,
+                "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+        }
+    });
+    let pp = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match ctx.pods().patch(pod_name, &pp, &Patch::Merge(&patch)).await {
+        Ok(_) => {
+            debug!(run = %name, pod = %pod_name, "claimed the warm pod");
+            Ok(())
+        }
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+            debug!(run = %name, pod = %pod_name, code = s.code, "the warm pod was taken or is gone");
+            Ok(())
+        }
+        Err(e) => Err(kube_err(format!("claiming warm pod {pod_name}"))(e)),
+    }
 }
 
 async fn finish(

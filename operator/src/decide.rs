@@ -21,6 +21,27 @@
 //! makes a third pod. A pod lost after its program started is not retried (the program
 //! may have had effects; it is not ours to run twice): INFRA_ERROR.
 //!
+//! ## Warm pods: the binding is recorded before it is used
+//! A one-shot run the warm pool can serve ([`warm_language`]) may, instead of a pod of its
+//! own, bind to a ready warm pod (a pod whose agent waits for work; see
+//! [`crate::warmpool`]). The steps, each a separate decision, and why each is safe when the
+//! operator dies between two of them:
+//! 1. [`Decision::Bind`]: the status names the pod (`podName`) with the condition
+//!    `Bound=True` (reason `WarmPod`). Nothing is claimed yet.
+//! 2. [`Decision::Claim`]: the pod is made the run's (owner reference and labels) by a
+//!    patch that carries the pod's resourceVersion, so two runs cannot both claim one pod.
+//!    A run whose bound pod is claimed by another, gone or not ready **unbinds**
+//!    ([`Decision::Unbind`]: `Bound=False`, no `podName`) and takes the cold path; it never
+//!    binds a second time.
+//! 3. The status goes to Running (the request is about to be sent), then
+//!    [`Decision::RunOnAgent`]: the request (id = the ToolRun's uid) is sent through the
+//!    relay. The agent executes an id at most once, so a restarted operator that sends it
+//!    again gets the same run's events and record, never a second execution.
+//!
+//! A bound run never unbinds once Running: from then on a lost pod is INFRA_ERROR as for a
+//! cold pod whose program started. A warm pod is used once: it is deleted when the run is
+//! finished.
+//!
 //! ## Finished runs
 //! A finished status is never rewritten (the status write carries the resourceVersion
 //! it was decided from, so a concurrent change makes it fail and the run is looked at
@@ -46,6 +67,9 @@ pub const READY: &str = "Ready";
 /// Condition type: the first pod was lost before the program started and a second one
 /// was made. Its presence is what stops a restarted operator from retrying twice.
 pub const RETRIED: &str = "Retried";
+/// Condition type: the run is bound to a warm pod (`True`, reason `WarmPod`) or gave its
+/// binding up (`False`, reason `ClaimFailed`) and runs in a cold pod.
+pub const BOUND: &str = "Bound";
 /// Suffix of the retry pod's name.
 pub const RETRY_SUFFIX: &str = "-retry";
 /// How long to wait for a pod of the same name left by an earlier ToolRun of the same
@@ -126,8 +150,100 @@ pub enum Decision {
     },
     /// The TTL has passed: delete the ToolRun (children go with it).
     DeleteRun,
+    /// Record the binding to a ready warm pod (`podName`, `Bound=True`) before claiming it.
+    Bind {
+        /// The warm pod.
+        pod_name: String,
+    },
+    /// Claim the bound warm pod: owner reference and labels, patched with the pod's
+    /// resourceVersion (a conflict means another run took it).
+    Claim {
+        /// The warm pod.
+        pod_name: String,
+        /// The resourceVersion it was seen unclaimed at.
+        resource_version: String,
+    },
+    /// Give the warm binding up before anything was sent (`Bound=False`, no `podName`);
+    /// the run continues on the cold path.
+    Unbind {
+        /// Why.
+        reason: String,
+        /// A claimed pod of this run that cannot be used: delete it.
+        delete_pod: Option<String>,
+    },
+    /// The run is Running on its claimed warm pod: make sure its request is (or is being)
+    /// carried out through the relay; the record comes back as a live record.
+    RunOnAgent {
+        /// The warm pod.
+        pod_name: String,
+    },
     /// Nothing to do now: look again after this long, or when something changes.
     Wait(Option<Duration>),
+}
+
+/// What the warm pool offers a run, observed by the controller.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Warm<'a> {
+    /// A ready, unclaimed warm pod of the run's language: offered only to a run that
+    /// [`warm_language`] accepts and that has no pod yet.
+    pub candidate: Option<&'a Pod>,
+    /// Why carrying the run's request to its bound pod's agent failed (unreachable after
+    /// the relay's retries, or a protocol error).
+    pub failure: Option<&'a str>,
+}
+
+/// The language whose warm pool may serve `run`, if any: a pool is configured for it and
+/// the run needs nothing a warm pod lacks (the pod's own resources and RuntimeClass are
+/// the defaults; everything else, the timeout and output bounds included, is in the
+/// request).
+pub fn warm_language<'r>(run: &'r ToolRun, config: &OperatorConfig) -> Option<&'r str> {
+    let language = run.spec.language.as_str();
+    if config.warm_pool.get(language).copied().unwrap_or(0) == 0 || run.spec.cancel {
+        return None;
+    }
+    let limits = builders::resolve_limits(&run.spec.limits, config).ok()?;
+    let defaults = config.default_limits;
+    let same_pod = limits.memory_mib == defaults.memory_mib
+        && limits.cpu_millis == defaults.cpu_millis
+        && builders::runtime_class(run, config).ok()? == config.runtime_class_name;
+    same_pod.then_some(language)
+}
+
+/// The run is bound to a warm pod (`Bound=True`).
+pub fn is_bound(status: Option<&ToolRunStatus>) -> bool {
+    condition_is(status, BOUND, "True")
+}
+
+fn condition_is(status: Option<&ToolRunStatus>, type_: &str, value: &str) -> bool {
+    status.is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == type_ && c.status == value)
+    })
+}
+
+/// A pod of the warm pool (claimed or not).
+pub fn is_warm_pod(pod: &Pod) -> bool {
+    pod.labels().contains_key(toolrun_crd::labels::WARM_POOL)
+}
+
+/// A warm pod ready for a run: unclaimed, not going away, running its agent.
+pub fn is_ready_warm_pod(pod: &Pod) -> bool {
+    let agent_running = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.name == builders::AGENT_CONTAINER
+                && c.state.as_ref().is_some_and(|s| s.running.is_some())
+        });
+    is_warm_pod(pod)
+        && pod.owner_references().is_empty()
+        && pod.metadata.deletion_timestamp.is_none()
+        && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        && agent_running
 }
 
 /// Name of the pod of `attempt` (0 or 1) of the run `run_name`.
@@ -141,17 +257,19 @@ pub fn pod_name(run_name: &str, attempt: u32) -> String {
 
 /// The attempt the status says is current: 1 after a retry, else 0.
 pub fn attempt(status: Option<&ToolRunStatus>) -> u32 {
-    let retried = status.is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == RETRIED && c.status == "True")
-    });
-    u32::from(retried)
+    u32::from(condition_is(status, RETRIED, "True"))
 }
 
-/// The name of the pod the run's current attempt uses.
+/// The name of the pod the run's current attempt uses: the bound warm pod, else the pod
+/// named after the run (or its retry).
 pub fn current_pod_name(run: &ToolRun) -> String {
-    pod_name(&run.name_any(), attempt(run.status.as_ref()))
+    let status = run.status.as_ref();
+    if is_bound(status)
+        && let Some(p) = status.and_then(|s| s.pod_name.clone())
+    {
+        return p;
+    }
+    pod_name(&run.name_any(), attempt(status))
 }
 
 /// What to do next about `run`, whose current pod is `pod`, at `now`; `live_record` is the
@@ -161,6 +279,7 @@ pub fn decide(
     run: &ToolRun,
     pod: Option<&Pod>,
     live_record: Option<&RunRecord>,
+    warm: Warm<'_>,
     now: Timestamp,
     config: &OperatorConfig,
     pending_grace: Duration,
@@ -173,6 +292,9 @@ pub fn decide(
 
     if status.phase.is_some_and(Phase::is_finished) {
         return decide_finished(run, status, pod, now, config);
+    }
+    if is_bound(Some(status)) {
+        return decide_bound(run, status, pod, live_record, warm.failure, now);
     }
     if let Some(p) = pod
         && !is_owned_by(p, run)
@@ -202,12 +324,7 @@ pub fn decide(
     }
     let terminal = pod.is_some_and(is_terminal);
     if run.spec.cancel && !terminal {
-        let cancelled = ToolRunStatus {
-            phase: Some(Phase::Failed),
-            verdict: Some(Verdict::Cancelled),
-            reason: Some("cancelled (spec.cancel)".into()),
-            ..ToolRunStatus::default()
-        };
+        let cancelled = cancelled();
         let delete = pod
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .map(|_| pod_name.clone());
@@ -217,6 +334,20 @@ pub fn decide(
         if status.pod_name.as_deref() == Some(pod_name.as_str()) {
             let started = status.phase == Some(Phase::Running);
             return lost(&name, &pod_name, attempt, started, "disappeared");
+        }
+        // At most one warm binding per run: never after an unbinding or a retry.
+        let never_bound = status.pod_name.is_none()
+            && attempt == 0
+            && !status.conditions.iter().any(|c| c.type_ == BOUND);
+        if never_bound
+            && let Some(candidate) = warm.candidate
+            && warm_language(run, config).is_some()
+            && candidate.labels().get(toolrun_crd::labels::WARM_POOL) == Some(&run.spec.language)
+            && is_ready_warm_pod(candidate)
+        {
+            return Decision::Bind {
+                pod_name: candidate.name_any(),
+            };
         }
         return match (
             builders::config_map(run, config),
@@ -291,6 +422,112 @@ pub fn follow_log(run: &ToolRun, pod: &Pod, live_record: Option<&RunRecord>) -> 
         && run_container_started(pod)
 }
 
+/// A run bound to a warm pod and not finished (see the module docs for the steps).
+fn decide_bound(
+    run: &ToolRun,
+    status: &ToolRunStatus,
+    pod: Option<&Pod>,
+    live_record: Option<&RunRecord>,
+    failure: Option<&str>,
+    now: Timestamp,
+) -> Decision {
+    let bound = status.pod_name.clone().unwrap_or_default();
+    // Running is written before the request is sent: before it, nothing ran.
+    let sent = status.phase == Some(Phase::Running);
+    let unbind =
+        |reason: String, delete_pod: Option<String>| Decision::Unbind { reason, delete_pod };
+    let Some(p) = pod else {
+        return if sent {
+            finish(
+                infra(format!(
+                    "warm pod {bound} disappeared while the program ran (not retried: the \
+                     program had started)"
+                )),
+                None,
+            )
+        } else if run.spec.cancel {
+            finish(cancelled(), None)
+        } else {
+            unbind(format!("warm pod {bound} is gone"), None)
+        };
+    };
+    if !is_owned_by(p, run) {
+        if run.spec.cancel {
+            return finish(cancelled(), None);
+        }
+        if sent {
+            return finish(
+                infra(format!("warm pod {bound} no longer belongs to this run")),
+                None,
+            );
+        }
+        if is_ready_warm_pod(p)
+            && let Some(rv) = p.metadata.resource_version.clone()
+        {
+            return Decision::Claim {
+                pod_name: bound,
+                resource_version: rv,
+            };
+        }
+        return unbind(
+            format!("warm pod {bound} was taken by another run or is not ready"),
+            None,
+        );
+    }
+    let going = p.metadata.deletion_timestamp.is_some();
+    if run.spec.cancel {
+        let delete = (!going && !is_terminal(p)).then(|| bound.clone());
+        return finish(cancelled(), delete);
+    }
+    if let Some(record) = live_record {
+        return Decision::Record {
+            pod_name: bound,
+            record: Box::new(record.clone()),
+        };
+    }
+    if let Some(why) = failure {
+        let delete = (!going).then(|| bound.clone());
+        return finish(
+            infra(format!("the agent of warm pod {bound} failed: {why}")),
+            delete,
+        );
+    }
+    if going || is_terminal(p) {
+        let how = if going { "was deleted" } else { "stopped" };
+        if sent {
+            return finish(
+                infra(format!(
+                    "warm pod {bound} {how} while the program ran (not retried: the program \
+                     had started)"
+                )),
+                None,
+            );
+        }
+        let delete = (!going).then(|| bound.clone());
+        return unbind(
+            format!("warm pod {bound} {how} before the run was sent"),
+            delete,
+        );
+    }
+    if !sent {
+        return Decision::Progress {
+            phase: Phase::Running,
+            pod_name: bound,
+            start_time: Some(Time(now)),
+        };
+    }
+    Decision::RunOnAgent { pod_name: bound }
+}
+
+fn cancelled() -> ToolRunStatus {
+    ToolRunStatus {
+        phase: Some(Phase::Failed),
+        verdict: Some(Verdict::Cancelled),
+        reason: Some("cancelled (spec.cancel)".into()),
+        ..ToolRunStatus::default()
+    }
+}
+
 fn decide_finished(
     run: &ToolRun,
     status: &ToolRunStatus,
@@ -305,8 +542,9 @@ fn decide_finished(
         status.verdict,
         None | Some(Verdict::Cancelled | Verdict::InfraError)
     );
+    // A warm pod is used once: its agent keeps running after the record, so it goes now.
     if let Some(p) = pod
-        && without_runner
+        && (without_runner || is_warm_pod(p))
         && is_owned_by(p, run)
         && !is_terminal(p)
         && p.metadata.deletion_timestamp.is_none()
@@ -533,14 +771,31 @@ pub fn compose_status(run: &ToolRun, mut new: ToolRunStatus, now: Timestamp) -> 
         observed_generation: run.metadata.generation,
         last_transition_time: transition,
     };
-    let retried = new
-        .conditions
-        .iter()
-        .find(|c| c.type_ == RETRIED)
-        .or_else(|| old.conditions.iter().find(|c| c.type_ == RETRIED))
-        .cloned();
-    new.conditions = std::iter::once(ready).chain(retried).collect();
+    // Retried and Bound are written once, by the decision that sets them, and kept after.
+    let kept: Vec<Condition> = [RETRIED, BOUND]
+        .into_iter()
+        .filter_map(|t| {
+            new.conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .or_else(|| old.conditions.iter().find(|c| c.type_ == t))
+                .cloned()
+        })
+        .collect();
+    new.conditions = std::iter::once(ready).chain(kept).collect();
     new
+}
+
+/// The `Bound` condition: `True` when binding to a warm pod, `False` when giving it up.
+pub fn bound_condition(run: &ToolRun, bound: bool, message: &str, now: Timestamp) -> Condition {
+    Condition {
+        type_: BOUND.into(),
+        status: if bound { "True" } else { "False" }.into(),
+        reason: if bound { "WarmPod" } else { "ClaimFailed" }.into(),
+        message: message.to_string(),
+        observed_generation: run.metadata.generation,
+        last_transition_time: Time(now),
+    }
 }
 
 /// The `Retried` condition recorded before the second pod is made.

@@ -8,6 +8,8 @@
 //! - [`decide`]: the reconciler's decision, pure; [`controller`]: the kube-runtime
 //!   controller that observes and carries the decisions out; [`follow`]: followers of
 //!   running pods' logs, so results are recorded as soon as the runner writes them;
+//! - [`warmpool`]: ready agent pods that one-shot runs bind to instead of starting a pod,
+//!   and the runs carried to them through [`relay`] (pods/attach);
 //! - [`leader`]: Lease-based leader election; [`ratelimit`]: the client-side token
 //!   bucket; [`metrics`]: Prometheus metrics and the admin port.
 //!
@@ -24,6 +26,7 @@ pub mod ratelimit;
 pub mod record;
 pub mod relay;
 pub mod status;
+pub mod warmpool;
 
 use std::future::Future;
 use std::sync::Arc;

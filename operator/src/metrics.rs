@@ -43,6 +43,11 @@ pub struct Metrics {
     pub completion_seconds: Histogram,
     /// `toolrun_operator_leader`: 1 while this replica reconciles.
     pub leader: Gauge,
+    /// `toolrun_operator_warm_bound_total`: runs bound to a warm pod.
+    pub warm_bound: Counter,
+    /// `toolrun_operator_warm_unbound_total`: bindings given up (pod taken, gone, not
+    /// ready) before anything was sent: those runs got a pod of their own.
+    pub warm_unbound: Counter,
 }
 
 impl Default for Metrics {
@@ -78,7 +83,17 @@ impl Metrics {
             "1 while this replica holds the lease and reconciles",
             leader.clone(),
         );
+        let warm_bound = Counter::default();
+        registry.register("warm_bound", "Runs bound to a warm pod", warm_bound.clone());
+        let warm_unbound = Counter::default();
+        registry.register(
+            "warm_unbound",
+            "Warm bindings given up before the run was sent (the run got a cold pod)",
+            warm_unbound.clone(),
+        );
         Metrics {
+            warm_bound,
+            warm_unbound,
             registry,
             reconciles,
             runs,

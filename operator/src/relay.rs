@@ -59,8 +59,8 @@ pub enum RelayError {
 struct Stream {
     /// Kept so the websocket stays open while we use its halves.
     _process: kube::api::AttachedProcess,
-    stdin: Box<dyn AsyncWrite + Unpin + Send>,
-    stdout: BufReader<Box<dyn AsyncRead + Unpin + Send>>,
+    stdin: Box<dyn AsyncWrite + Unpin + Send + Sync>,
+    stdout: BufReader<Box<dyn AsyncRead + Unpin + Send + Sync>>,
 }
 
 /// A connection to the agent of one pod, reattached as needed.

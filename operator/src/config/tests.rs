@@ -219,6 +219,8 @@ fn bad_values_are_refused_with_their_key() {
             "defaultLimits: {cpuMillis: 3000}\n",
             "defaultLimits.cpuMillis",
         ),
+        ("warmPool: {ruby: 1}\n", "warmPool.ruby"),
+        ("warmPool: {python: 65}\n", "warmPool.python"),
         ("tmpSizeMiB: 0\n", "tmpSizeMiB"),
         ("tmpSizeMiB: 256\n", "tmpSizeMiB"),
         ("ephemeralStorageMiB: 1\n", "ephemeralStorageMiB"),
@@ -243,6 +245,23 @@ fn bad_values_are_refused_with_their_key() {
         assert!(matches!(e, ConfigError::Invalid { .. }), "{yaml}: {e}");
         assert_eq!(key_of(&e), key, "{yaml}: {e}");
     }
+}
+
+#[test]
+fn warm_pools_are_read_per_language() {
+    let c = Config::from_yaml(
+        "languages: {c: {extension: c, command: 'cc {source}'}}\nwarmPool: {python: 2, c: 1, bash: 0}\n",
+    )
+    .unwrap();
+    assert_eq!(
+        c.operator.warm_pool,
+        BTreeMap::from([
+            ("bash".to_string(), 0),
+            ("c".to_string(), 1),
+            ("python".to_string(), 2)
+        ])
+    );
+    assert!(Config::default().operator.warm_pool.is_empty());
 }
 
 #[test]

@@ -119,7 +119,15 @@ fn waiting(reason: &str) -> ContainerState {
 }
 
 fn decide_at(run: &ToolRun, pod: Option<&Pod>, secs: i64) -> Decision {
-    decide(run, pod, None, ts(secs), &OperatorConfig::default(), GRACE)
+    decide(
+        run,
+        pod,
+        None,
+        Warm::default(),
+        ts(secs),
+        &OperatorConfig::default(),
+        GRACE,
+    )
 }
 
 fn finished_reason(d: &Decision) -> (Verdict, String, Option<String>) {
@@ -496,6 +504,7 @@ fn decide_live(run: &ToolRun, pod: Option<&Pod>, record: &RunRecord, secs: i64) 
         run,
         pod,
         Some(record),
+        Warm::default(),
         ts(secs),
         &OperatorConfig::default(),
         GRACE,
@@ -609,4 +618,295 @@ fn logs_are_followed_only_while_the_current_program_runs_unrecorded() {
     assert!(!follow_log(&running_run, &foreign, None));
     let retry = pod("tr-1-retry", "Running", Some(running()));
     assert!(!follow_log(&running_run, &retry, None));
+}
+
+// ---- Warm pods: the binding is recorded before it is used ----
+
+fn warm_config() -> OperatorConfig {
+    let mut c = OperatorConfig::default();
+    c.warm_pool.insert("python".into(), 2);
+    c
+}
+
+/// A warm pod of the python pool: unclaimed (no owner) unless `owned`, agent running.
+fn warm_pod(name: &str, owned: bool) -> Pod {
+    let mut p = pod(name, "Running", None);
+    p.metadata.owner_references = owned.then(|| vec![owner(UID)]);
+    p.metadata.resource_version = Some("77".into());
+    p.metadata.labels = Some(
+        [(
+            toolrun_crd::labels::WARM_POOL.to_string(),
+            "python".to_string(),
+        )]
+        .into(),
+    );
+    p.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
+        name: builders::AGENT_CONTAINER.into(),
+        state: Some(running()),
+        ..ContainerStatus::default()
+    }]);
+    p
+}
+
+fn bound(phase: Phase, pod: &str) -> ToolRunStatus {
+    let mut s = status(phase, pod);
+    s.conditions = vec![bound_condition(&run(), true, "bound", ts(1))];
+    s
+}
+
+fn decide_warm(
+    run: &ToolRun,
+    pod: Option<&Pod>,
+    warm: Warm<'_>,
+    record: Option<&RunRecord>,
+) -> Decision {
+    decide(run, pod, record, warm, ts(5), &warm_config(), GRACE)
+}
+
+#[test]
+fn only_runs_with_the_default_pod_may_use_a_warm_pod() {
+    let config = warm_config();
+    assert_eq!(warm_language(&run(), &config), Some("python"));
+    // Control: the same run without a pool for its language.
+    assert_eq!(warm_language(&run(), &OperatorConfig::default()), None);
+    let mut js = run();
+    js.spec.language = "javascript".into();
+    assert_eq!(warm_language(&js, &config), None);
+    // Other pod resources or RuntimeClass: a pod of its own.
+    let mut big = run();
+    big.spec.limits.memory_mib = Some(config.default_limits.memory_mib * 2);
+    assert_eq!(warm_language(&big, &config), None);
+    let mut cpu = run();
+    cpu.spec.limits.cpu_millis = Some(config.default_limits.cpu_millis + 1);
+    assert_eq!(warm_language(&cpu, &config), None);
+    let mut rc = run();
+    rc.spec.runtime_class_name = Some("gvisor".into());
+    assert_eq!(warm_language(&rc, &config), None);
+    // The timeout and output bounds travel in the request: still warm.
+    let mut t = run();
+    t.spec.limits.timeout_seconds = Some(5);
+    t.spec.limits.output_bytes = Some(1024);
+    assert_eq!(warm_language(&t, &config), Some("python"));
+}
+
+#[test]
+fn a_new_run_binds_a_ready_warm_pod_before_claiming_it() {
+    let w = warm_pod("warm-python-a", false);
+    let d = decide_warm(
+        &run(),
+        None,
+        Warm {
+            candidate: Some(&w),
+            failure: None,
+        },
+        None,
+    );
+    assert_eq!(
+        d,
+        Decision::Bind {
+            pod_name: "warm-python-a".into()
+        }
+    );
+    // Without a candidate: the cold path.
+    let d = decide_warm(&run(), None, Warm::default(), None);
+    assert!(matches!(d, Decision::CreatePod { .. }), "{d:?}");
+    // A candidate that is not ready, of another language, or claimed is not bound.
+    let mut starting = warm_pod("warm-python-b", false);
+    starting.status.as_mut().unwrap().phase = Some("Pending".into());
+    let mut other = warm_pod("warm-js", false);
+    other.metadata.labels = Some(
+        [(
+            toolrun_crd::labels::WARM_POOL.to_string(),
+            "javascript".to_string(),
+        )]
+        .into(),
+    );
+    let claimed = warm_pod("warm-python-c", true);
+    for c in [&starting, &other, &claimed] {
+        let d = decide_warm(
+            &run(),
+            None,
+            Warm {
+                candidate: Some(c),
+                failure: None,
+            },
+            None,
+        );
+        assert!(matches!(d, Decision::CreatePod { .. }), "{d:?}");
+    }
+    // After an unbinding or a retry, never again.
+    let mut unbound = ToolRunStatus {
+        phase: Some(Phase::Pending),
+        ..ToolRunStatus::default()
+    };
+    unbound.conditions = vec![bound_condition(&run(), false, "taken", ts(1))];
+    let r = with_status(run(), unbound);
+    let d = decide_warm(
+        &r,
+        None,
+        Warm {
+            candidate: Some(&w),
+            failure: None,
+        },
+        None,
+    );
+    assert!(matches!(d, Decision::CreatePod { .. }), "{d:?}");
+}
+
+#[test]
+fn a_bound_run_claims_its_pod_with_the_version_it_saw_or_unbinds() {
+    let r = with_status(run(), bound(Phase::Pending, "warm-python-a"));
+    assert_eq!(current_pod_name(&r), "warm-python-a");
+    let free = warm_pod("warm-python-a", false);
+    assert_eq!(
+        decide_warm(&r, Some(&free), Warm::default(), None),
+        Decision::Claim {
+            pod_name: "warm-python-a".into(),
+            resource_version: "77".into()
+        }
+    );
+    // Taken by another run (owned by another uid): unbind, nothing to delete.
+    let mut taken = warm_pod("warm-python-a", false);
+    taken.metadata.owner_references = Some(vec![owner("other-uid")]);
+    match decide_warm(&r, Some(&taken), Warm::default(), None) {
+        Decision::Unbind { delete_pod, reason } => {
+            assert_eq!(delete_pod, None);
+            assert!(reason.contains("taken"), "{reason}");
+        }
+        d => panic!("{d:?}"),
+    }
+    // Gone before anything was sent: unbind (the cold path runs it once).
+    assert!(matches!(
+        decide_warm(&r, None, Warm::default(), None),
+        Decision::Unbind {
+            delete_pod: None,
+            ..
+        }
+    ));
+    // Claimed, then it failed before the request: unbind and delete it.
+    let mut failed = warm_pod("warm-python-a", true);
+    failed.status.as_mut().unwrap().phase = Some("Failed".into());
+    assert_eq!(
+        decide_warm(&r, Some(&failed), Warm::default(), None),
+        Decision::Unbind {
+            reason: "warm pod warm-python-a stopped before the run was sent".into(),
+            delete_pod: Some("warm-python-a".into())
+        }
+    );
+}
+
+#[test]
+fn a_claimed_pod_goes_running_before_the_request_and_then_runs_on_the_agent() {
+    let owned = warm_pod("warm-python-a", true);
+    let r = with_status(run(), bound(Phase::Pending, "warm-python-a"));
+    assert_eq!(
+        decide_warm(&r, Some(&owned), Warm::default(), None),
+        Decision::Progress {
+            phase: Phase::Running,
+            pod_name: "warm-python-a".into(),
+            start_time: Some(Time(ts(5)))
+        }
+    );
+    let r = with_status(run(), bound(Phase::Running, "warm-python-a"));
+    assert_eq!(
+        decide_warm(&r, Some(&owned), Warm::default(), None),
+        Decision::RunOnAgent {
+            pod_name: "warm-python-a".into()
+        }
+    );
+    // The agent's record is recorded like a live log's.
+    let rec = runner_record(0);
+    assert!(matches!(
+        decide_warm(&r, Some(&owned), Warm::default(), Some(&rec)),
+        Decision::Record { ref pod_name, .. } if pod_name == "warm-python-a"
+    ));
+    // The relay gave up: INFRA_ERROR naming it, the pod deleted.
+    let d = decide_warm(
+        &r,
+        Some(&owned),
+        Warm {
+            candidate: None,
+            failure: Some("unreachable after 6 attempts"),
+        },
+        None,
+    );
+    let (v, reason, delete) = finished_reason(&d);
+    assert_eq!(v, Verdict::InfraError);
+    assert!(reason.contains("unreachable after 6 attempts"), "{reason}");
+    assert_eq!(delete.as_deref(), Some("warm-python-a"));
+}
+
+#[test]
+fn a_warm_run_is_never_sent_twice_nor_unbound_once_sent() {
+    let r = with_status(run(), bound(Phase::Running, "warm-python-a"));
+    // Lost after Running: INFRA_ERROR, not the cold path (the program may have run).
+    let (v, reason, _) = finished_reason(&decide_warm(&r, None, Warm::default(), None));
+    assert_eq!(v, Verdict::InfraError);
+    assert!(reason.contains("while the program ran"), "{reason}");
+    let mut going = warm_pod("warm-python-a", true);
+    going.metadata.deletion_timestamp = Some(Time(ts(4)));
+    let (v, _, delete) = finished_reason(&decide_warm(&r, Some(&going), Warm::default(), None));
+    assert_eq!(v, Verdict::InfraError);
+    assert_eq!(delete, None);
+    // Even when the pod looks free again (someone removed the owner reference).
+    let free = warm_pod("warm-python-a", false);
+    let (v, _, _) = finished_reason(&decide_warm(&r, Some(&free), Warm::default(), None));
+    assert_eq!(v, Verdict::InfraError);
+}
+
+#[test]
+fn a_cancelled_warm_run_stops_and_its_pod_goes() {
+    let mut r = with_status(run(), bound(Phase::Running, "warm-python-a"));
+    r.spec.cancel = true;
+    let owned = warm_pod("warm-python-a", true);
+    let (v, _, delete) = finished_reason(&decide_warm(&r, Some(&owned), Warm::default(), None));
+    assert_eq!(v, Verdict::Cancelled);
+    assert_eq!(delete.as_deref(), Some("warm-python-a"));
+    // Bound but not yet claimed: cancelled without touching the pool's pod.
+    let mut r = with_status(run(), bound(Phase::Pending, "warm-python-a"));
+    r.spec.cancel = true;
+    let free = warm_pod("warm-python-a", false);
+    let (v, _, delete) = finished_reason(&decide_warm(&r, Some(&free), Warm::default(), None));
+    assert_eq!(v, Verdict::Cancelled);
+    assert_eq!(delete, None);
+}
+
+#[test]
+fn a_finished_warm_run_deletes_its_pod_at_once() {
+    let mut s = bound(Phase::Succeeded, "warm-python-a");
+    s.verdict = Some(Verdict::Ok);
+    s.completion_time = Some(Time(ts(4)));
+    let r = with_status(run(), s);
+    let owned = warm_pod("warm-python-a", true);
+    assert_eq!(
+        decide_warm(&r, Some(&owned), Warm::default(), None),
+        Decision::DeletePod {
+            name: "warm-python-a".into()
+        }
+    );
+    // A cold pod of a finished run is kept (its log stays readable): control.
+    let mut s = status(Phase::Succeeded, "tr-1");
+    s.verdict = Some(Verdict::Ok);
+    s.completion_time = Some(Time(ts(4)));
+    let cold = pod("tr-1", "Running", Some(running()));
+    assert!(matches!(
+        decide_warm(&with_status(run(), s), Some(&cold), Warm::default(), None),
+        Decision::Wait(_)
+    ));
+}
+
+#[test]
+fn bound_and_retried_conditions_survive_later_writes() {
+    let r = with_status(run(), bound(Phase::Running, "warm-python-a"));
+    let next = compose_status(
+        &r,
+        ToolRunStatus {
+            phase: Some(Phase::Succeeded),
+            verdict: Some(Verdict::Ok),
+            ..ToolRunStatus::default()
+        },
+        ts(9),
+    );
+    assert!(is_bound(Some(&next)));
+    assert_eq!(next.pod_name.as_deref(), Some("warm-python-a"));
 }

@@ -122,8 +122,13 @@ fn operator_sandbox_grants() -> BTreeSet<String> {
             &["toolruns", "toolruns/status"],
             &["get", "list", "watch", "patch", "update", "delete"],
         ),
-        ("", &["pods"], &["get", "list", "watch", "create", "delete"]),
+        (
+            "",
+            &["pods"],
+            &["get", "list", "watch", "create", "delete", "patch"],
+        ),
         ("", &["pods/log"], &["get"]),
+        ("", &["pods/attach"], &["create", "get"]),
         (
             "",
             &["configmaps"],
@@ -599,6 +604,7 @@ baseEnv: {PATH: /usr/local/bin:/usr/bin:/bin, HOME: /tmp, LANG: C.UTF-8, PYTHOND
 tmpSizeMiB: 64
 ephemeralStorageMiB: 64
 userNamespaces: false
+warmPool: {python: 2}
 controller:
   concurrency: 16
   apiQps: 100
@@ -964,6 +970,10 @@ async fn bad_values_are_rejected_with_the_key_named() {
         (
             vec![("sandbox.ttlSecondsAfterFinished", json!(-1))],
             "/sandbox/ttlSecondsAfterFinished",
+        ),
+        (
+            vec![("sandbox.warmPool.python", json!(65))],
+            "/sandbox/warmPool/python",
         ),
         (vec![("operator.replicas", json!(-1))], "/operator/replicas"),
         (
@@ -1689,6 +1699,9 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
     );
     assert!(c.command.starts_with("gcc ") && c.command.contains("{source}"));
     assert_eq!(c.image, Config::default().operator.images.bash);
+    // ... and the chart's warm pool (the operator keeps none unless told).
+    let warm = std::mem::take(&mut config.operator.warm_pool);
+    assert_eq!(warm, [("python".to_string(), 2)].into());
     assert_eq!(config, Config::default());
 
     // Every value the chart passes on arrives where the operator reads it.
@@ -1715,6 +1728,7 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
             ("sandbox.tmpSizeMiB", json!(32)),
             ("sandbox.ephemeralStorageMiB", json!(128)),
             ("sandbox.userNamespaces", json!(true)),
+            ("sandbox.warmPool", json!({"python": 0, "bash": 3})),
             ("operator.controller.concurrency", json!(8)),
             ("operator.controller.apiQps", json!(20)),
             ("operator.controller.apiBurst", json!(40)),
@@ -1752,6 +1766,8 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
         (32, 4096)
     );
     assert_eq!(o.max_limits.processes, 128);
+    assert_eq!(o.warm_pool.get("bash"), Some(&3));
+    assert_eq!(o.warm_pool.get("python"), Some(&0));
     assert_eq!(o.default_ttl_seconds_after_finished, 0);
     // baseEnv values merge onto the chart's defaults (Helm merges maps).
     assert_eq!(o.base_env.get("EXTRA").map(String::as_str), Some("1"));

@@ -517,10 +517,12 @@ async fn sandbox_pod_is_locked_down() {
     };
     let kube = Client::try_default().await.unwrap();
     let id = unique("spec");
+    // A pod of its own (javascript has no warm pool by default; warm pods are checked in
+    // warm_pods_serve_one_shot_runs_once_and_the_pool_refills).
     let r = run(
         &d,
         id.clone(),
-        json!({"language": "python", "code": "print('x')"}),
+        json!({"language": "javascript", "code": "console.log('x')"}),
     )
     .await
     .unwrap();
@@ -728,7 +730,9 @@ async fn finished_runs_are_removed_after_their_ttl() {
         "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
         "metadata": {"name": name},
         "spec": {"tool": "run_code", "callId": name, "language": "python",
-                 "code": "print('short-lived')", "ttlSecondsAfterFinished": 3}
+                 "code": "print('short-lived')", "ttlSecondsAfterFinished": 3,
+                 // A pod of its own with its ConfigMap, not a warm pod.
+                 "limits": {"memoryMiB": 128}}
     }))
     .unwrap();
     runs.create(&PostParams::default(), &tr).await.unwrap();
@@ -784,17 +788,41 @@ async fn killing_the_operator_mid_run_loses_nothing_and_makes_no_second_pod() {
     let Some(_d) = deployed("operator-killed") else {
         return;
     };
+    // A pod of its own (bash has no warm pool by default).
+    kill_the_operator_mid_run("killop", "bash", "echo begin; sleep 8; echo end", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_operator_mid_warm_run_loses_nothing_and_sends_it_once() {
+    let Some(_d) = deployed("operator-killed-warm") else {
+        return;
+    };
+    // The chart keeps python warm pods: the run binds one; the request reaches its agent
+    // through the relay; the operator dies; the next one sends the same request id again
+    // and gets the one execution's record.
+    kill_the_operator_mid_run(
+        "killwarm",
+        "python",
+        "import time\nprint('begin', flush=True)\ntime.sleep(8)\nprint('end')",
+        true,
+    )
+    .await;
+}
+
+/// Starts a ToolRun, kills every operator pod while its program runs, and checks the
+/// replacement records the one execution's result, from the same pod (`warm`: a bound warm
+/// pod, which is then deleted; else the run's own pod, which is kept).
+async fn kill_the_operator_mid_run(prefix: &str, language: &str, code: &str, warm: bool) {
     let _operator_pods = OPERATOR_PODS.lock().await;
     let kube = Client::try_default().await.unwrap();
     let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let sandbox_pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let system_pods: Api<Pod> = Api::namespaced(kube.clone(), SYSTEM_NS);
-    let name = unique("killop");
+    let name = unique(prefix);
     let tr: ToolRun = serde_json::from_value(json!({
         "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
         "metadata": {"name": name},
-        "spec": {"tool": "run_code", "callId": name, "language": "bash",
-                 "code": "echo begin; sleep 8; echo end"}
+        "spec": {"tool": "run_code", "callId": name, "language": language, "code": code}
     }))
     .unwrap();
     runs.create(&PostParams::default(), &tr).await.unwrap();
@@ -824,6 +852,29 @@ async fn killing_the_operator_mid_run_loses_nothing_and_makes_no_second_pod() {
         .iter()
         .map(|p| p.metadata.uid.clone().unwrap())
         .collect();
+    let bound_to = runs
+        .get(&name)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.pod_name)
+        .unwrap();
+    if warm {
+        // Wait for the program to be running in the warm pod (its first line in the agent's
+        // log), so the operator dies with the request in flight.
+        wait_until(Duration::from_secs(30), "the program's first line", || {
+            let (pods, pod) = (sandbox_pods.clone(), bound_to.clone());
+            async move {
+                let lp = kube::api::LogParams {
+                    container: Some("agent".into()),
+                    ..Default::default()
+                };
+                Ok(pods.logs(&pod, &lp).await?.contains("begin"))
+            }
+        })
+        .await
+        .unwrap();
+    }
     // Kill every operator pod, now, without grace.
     let ops = ListParams::default().labels("app.kubernetes.io/component=operator");
     let killed: Vec<String> = system_pods
@@ -852,23 +903,204 @@ async fn killing_the_operator_mid_run_loses_nothing_and_makes_no_second_pod() {
     let st = runs.get(&name).await.unwrap().status.unwrap();
     assert_eq!(st.verdict, Some(toolrun_crd::Verdict::Ok), "{st:?}");
     assert_eq!(st.stdout.as_deref(), Some("begin\nend\n"));
-    // ... from the same, only pod.
-    let after: Vec<String> = sandbox_pods
-        .list(&lp)
-        .await
-        .unwrap()
-        .items
+    assert_eq!(st.pod_name.as_deref(), Some(bound_to.as_str()));
+    let bound = st
+        .conditions
         .iter()
-        .map(|p| p.metadata.uid.clone().unwrap())
-        .collect();
-    assert_eq!(first, after, "the run got another pod");
-    assert_eq!(after.len(), 1);
+        .any(|c| c.type_ == "Bound" && c.status == "True");
+    assert_eq!(bound, warm, "{st:?}");
+    assert_eq!(first.len(), 1, "{first:?}");
+    if warm {
+        // ... from the same warm pod, which was used once and is deleted.
+        assert!(bound_to.starts_with("warm-python-"), "{bound_to}");
+        wait_until(Duration::from_secs(60), "the used warm pod to go", || {
+            let (pods, lp) = (sandbox_pods.clone(), lp.clone());
+            async move { Ok(pods.list(&lp).await?.items.is_empty()) }
+        })
+        .await
+        .unwrap();
+    } else {
+        // ... from the same, only pod.
+        let after: Vec<String> = sandbox_pods
+            .list(&lp)
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|p| p.metadata.uid.clone().unwrap())
+            .collect();
+        assert_eq!(first, after, "the run got another pod");
+        assert_eq!(bound_to, name);
+    }
     let new_ops = system_pods.list(&ops).await.unwrap().items;
     assert!(
         new_ops
             .iter()
             .all(|p| !killed.contains(p.metadata.name.as_ref().unwrap())),
         "a killed operator pod is still listed"
+    );
+}
+
+// ------------------------------------------------------------------- warm pods
+
+/// Ready, unclaimed python warm pods (the chart's default pool: 2).
+async fn ready_warm_pods(pods: &Api<Pod>) -> Result<Vec<Pod>> {
+    let lp = ListParams::default().labels("toolrun.dev/warm-pool=python");
+    Ok(pods
+        .list(&lp)
+        .await?
+        .items
+        .into_iter()
+        .filter(|p| {
+            p.owner_references().is_empty()
+                && p.metadata.deletion_timestamp.is_none()
+                && phase(p) == "Running"
+        })
+        .collect())
+}
+
+async fn wait_warm(pods: &Api<Pod>, n: usize) -> Vec<Pod> {
+    wait_until(
+        Duration::from_secs(180),
+        &format!("{n} ready warm pods"),
+        || {
+            let pods = pods.clone();
+            async move { Ok(ready_warm_pods(&pods).await?.len() >= n) }
+        },
+    )
+    .await
+    .unwrap();
+    ready_warm_pods(pods).await.unwrap()
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_pods_serve_one_shot_runs_once_and_the_pool_refills() {
+    let Some(d) = deployed("warm-pool") else {
+        return;
+    };
+    let kube = Client::try_default().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let ready = wait_warm(&pods, 2).await;
+
+    // A warm pod is a sandbox pod like any other (same lockdown), with the agent waiting
+    // on its attach stream and no deadline; it holds no per-run data.
+    let w = serde_json::to_value(&ready[0]).unwrap();
+    let spec = &w["spec"];
+    assert_eq!(w["metadata"]["labels"]["toolrun.dev/sandbox"], "true");
+    assert!(w["metadata"]["labels"]["toolrun.dev/run"].is_null(), "{w}");
+    assert_eq!(spec["automountServiceAccountToken"], false);
+    assert_eq!(spec["enableServiceLinks"], false);
+    assert_eq!(spec["dnsPolicy"], "None");
+    assert_eq!(spec["securityContext"]["runAsNonRoot"], true);
+    let c = &spec["containers"][0];
+    assert_eq!(c["name"], "agent");
+    assert_eq!(c["stdin"], true);
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(c["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
+    assert!(spec["activeDeadlineSeconds"].is_null());
+
+    // A one-shot python run binds one, runs there, and the pod goes after its one use.
+    let id = unique("warm");
+    let marker = format!("marker-{id}");
+    let r = run(
+        &d,
+        id.clone(),
+        json!({"language": "python", "code": format!("print('{marker}')")}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.code, None, "{r:?}");
+    assert_eq!(r.stdout(), format!("{marker}\n"));
+    let tr = toolrun_of(&kube, &id).await.unwrap();
+    let st = tr.status.clone().unwrap();
+    let used = st.pod_name.clone().unwrap();
+    assert!(
+        ready.iter().any(|p| p.name_any() == used),
+        "{used} was not one of the ready warm pods"
+    );
+    let bound = st.conditions.iter().find(|c| c.type_ == "Bound").unwrap();
+    assert_eq!(
+        (bound.status.as_str(), bound.reason.as_str()),
+        ("True", "WarmPod")
+    );
+    if let Some(p) = pods.get_opt(&used).await.unwrap() {
+        // Claimed: owned by the run, labelled with it; still no code anywhere in it.
+        assert_eq!(
+            p.owner_references()[0].uid,
+            tr.metadata.uid.clone().unwrap()
+        );
+        assert!(!serde_json::to_string(&p).unwrap().contains(&marker));
+    }
+    wait_until(Duration::from_secs(60), "the used warm pod to go", || {
+        let (pods, used) = (pods.clone(), used.clone());
+        async move { Ok(pods.get_opt(&used).await?.is_none()) }
+    })
+    .await
+    .unwrap();
+    // The pool refills with new pods.
+    let refilled = wait_warm(&pods, 2).await;
+    assert!(refilled.iter().all(|p| p.name_any() != used));
+
+    // Control: a language without a pool gets a pod of its own, named after the run.
+    let cold_id = unique("cold");
+    let r = run(
+        &d,
+        cold_id.clone(),
+        json!({"language": "javascript", "code": "console.log(1)"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.code, None, "{r:?}");
+    let tr = toolrun_of(&kube, &cold_id).await.unwrap();
+    let st = tr.status.unwrap();
+    assert_eq!(st.pod_name, tr.metadata.name);
+    assert!(st.conditions.iter().all(|c| c.type_ != "Bound"), "{st:?}");
+
+    // Latency, from the call to the result, of runs that find a ready warm pod (each waits
+    // for the pool first) beside cold runs of the same program, measured here together.
+    let mut warm = Vec::new();
+    let mut cold = Vec::new();
+    for i in 0..6 {
+        wait_warm(&pods, 1).await;
+        let t = Instant::now();
+        let r = run(
+            &d,
+            unique("warm-lat"),
+            json!({"language": "python", "code": "print(1)"}),
+        )
+        .await
+        .unwrap();
+        warm.push(t.elapsed());
+        assert_eq!(r.stdout(), "1\n", "{r:?}");
+        let t = Instant::now();
+        // Another image-identical language without a pool: bash runs python3 -c.
+        let r = run(
+            &d,
+            unique("cold-lat"),
+            json!({"language": "bash", "code": "python3 -c 'print(1)'"}),
+        )
+        .await
+        .unwrap();
+        cold.push(t.elapsed());
+        assert_eq!(r.stdout(), "1\n", "{r:?} (run {i})");
+    }
+    warm.sort();
+    cold.sort();
+    eprintln!(
+        "FIGURE warm pod print(1): p50 {:?} max {:?}; cold pod: p50 {:?} max {:?} (6 runs each)",
+        percentile(&warm, 0.5),
+        warm[warm.len() - 1],
+        percentile(&cold, 0.5),
+        cold[cold.len() - 1],
+    );
+    assert!(
+        percentile(&warm, 0.5) < percentile(&cold, 0.5),
+        "warm {warm:?} not faster than cold {cold:?}"
     );
 }
 

@@ -31,17 +31,51 @@ pub struct Forwarded {
     pub stderr: String,
 }
 
+/// Container of a warm pod: the agent, whose log holds its responses (JSON lines of the
+/// runner's events with the request's `id` and `seq`; the operator's `AGENT_CONTAINER`).
+pub const AGENT_CONTAINER: &str = "agent";
+
+/// Where the run's output is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    /// The pod.
+    pod: String,
+    /// A warm pod (status condition `Bound=True`): its agent's log carries the run's events
+    /// under this request id (the ToolRun's uid), perhaps more than once (a resumed
+    /// request is answered again): only seqs above the last one forwarded count.
+    agent_request: Option<String>,
+}
+
 /// The pod running ToolRun `run` now: the status's `podName` (the operator names a
-/// retried pod differently), else the ToolRun's own name (its first pod's).
-fn current_pod(seen: &watch::Receiver<Seen>, run: &str) -> String {
-    match &*seen.borrow() {
-        Seen::Object(tr) => tr
-            .status
-            .as_ref()
-            .and_then(|s| s.pod_name.clone())
-            .unwrap_or_else(|| run.to_string()),
-        _ => run.to_string(),
+/// retried pod differently, and a warm pod has a name of its own), else the ToolRun's own
+/// name (its first pod's).
+fn current_pod(seen: &watch::Receiver<Seen>, run: &str) -> Target {
+    let cold = Target {
+        pod: run.to_string(),
+        agent_request: None,
+    };
+    let Seen::Object(tr) = &*seen.borrow() else {
+        return cold;
+    };
+    let Some(status) = tr.status.as_ref() else {
+        return cold;
+    };
+    let bound = status
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Bound" && c.status == "True");
+    Target {
+        pod: status.pod_name.clone().unwrap_or_else(|| run.to_string()),
+        agent_request: bound.then(|| tr.metadata.uid.clone()).flatten(),
     }
+}
+
+/// The request fields of an agent response line.
+#[derive(serde::Deserialize)]
+struct AgentLine {
+    id: Option<String>,
+    #[serde(default)]
+    seq: u64,
 }
 
 /// Follows the run container of ToolRun `run`'s pod until the runner's result line, the
@@ -59,8 +93,15 @@ pub async fn follow(
 ) {
     // The record line holds both streams; JSON escapes a control byte as six bytes.
     let max_line = cap.saturating_mul(12).saturating_add(64 * 1024);
-    let params = LogParams {
-        container: Some(RUN_CONTAINER.into()),
+    let params = |t: &Target| LogParams {
+        container: Some(
+            if t.agent_request.is_some() {
+                AGENT_CONTAINER
+            } else {
+                RUN_CONTAINER
+            }
+            .into(),
+        ),
         follow: true,
         ..LogParams::default()
     };
@@ -68,17 +109,23 @@ pub async fn follow(
     // Events already forwarded: a log reopened after a broken connection starts again
     // from the beginning, and these are skipped.
     let mut events_done = 0usize;
-    let mut name = current_pod(&seen, &run);
+    let mut target = current_pod(&seen, &run);
+    // Warm pods: the highest seq of the run's request forwarded.
+    let mut agent_seq = 0u64;
     loop {
-        let pod = current_pod(&seen, &run);
-        if pod != name {
-            // A retry: a new program run, whose output starts from the beginning.
-            name = pod;
+        let now = current_pod(&seen, &run);
+        if now != target {
+            // A retry or a warm pod: a new program run, whose output starts from the
+            // beginning.
+            target = now;
             events_done = 0;
+            agent_seq = 0;
         }
+        let name = target.pod.clone();
+        let lp = params(&target);
         let opened = tokio::select! {
             _ = stop.cancelled() => return,
-            r = pods.log_stream(&name, &params) => r,
+            r = pods.log_stream(&name, &lp) => r,
         };
         let reader = match opened {
             Ok(r) => r,
@@ -106,7 +153,7 @@ pub async fn follow(
                 Ok(Line::Complete) => false,
                 // The log ended without a result: the pod was lost. Follow its
                 // replacement if the operator made one, else stop.
-                Ok(Line::Eof) if line.is_empty() && current_pod(&seen, &run) != name => break,
+                Ok(Line::Eof) if line.is_empty() && current_pod(&seen, &run) != target => break,
                 Ok(Line::Eof) if line.is_empty() => return,
                 Ok(Line::Eof) => true,
                 // A broken line or connection: reopen and skip what was forwarded.
@@ -119,11 +166,22 @@ pub async fn follow(
                 }
                 continue;
             };
-            seen_here += 1;
-            if seen_here <= events_done {
-                continue;
+            if let Some(id) = &target.agent_request {
+                // Other requests' answers, and events of ours already forwarded.
+                let Ok(l) = serde_json::from_slice::<AgentLine>(&line) else {
+                    continue;
+                };
+                if l.id.as_deref() != Some(id.as_str()) || l.seq <= agent_seq {
+                    continue;
+                }
+                agent_seq = l.seq;
+            } else {
+                seen_here += 1;
+                if seen_here <= events_done {
+                    continue;
+                }
+                events_done += 1;
             }
-            events_done += 1;
             let chunk = {
                 let mut f = forwarded.lock().expect("not poisoned");
                 match event {

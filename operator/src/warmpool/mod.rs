@@ -209,18 +209,17 @@ pub async fn keep(
         }
     }
     let (reader, writer) = reflector::store();
-    let watch = watcher(
+    let mut watch = watcher(
         pods.clone(),
         watcher::Config::default().labels(labels::WARM_POOL),
     )
     .default_backoff()
     .reflect(writer)
-    .touched_objects()
     .boxed();
     pool.set_store(Some(reader.clone()));
-    let mut watch = watch;
     let mut created: HashMap<String, (String, Instant)> = HashMap::new();
     let mut tick = tokio::time::interval(TICK);
+    // Nothing is planned before the first complete list (the cache would look empty).
     let mut synced = false;
     info!(sizes = ?config.warm_pool, "keeping the warm pool");
     loop {
@@ -230,14 +229,12 @@ pub async fn keep(
             ev = watch.next() => match ev {
                 None => break,
                 Some(Err(e)) => { debug!(error = %e, "warm pod watch"); continue; }
+                Some(Ok(watcher::Event::InitDone)) => synced = true,
                 Some(Ok(_)) => {}
             },
         }
         if !synced {
-            if reader.wait_until_ready().await.is_err() {
-                break;
-            }
-            synced = true;
+            continue;
         }
         let state = reader.state();
         let now = Instant::now();

@@ -982,6 +982,9 @@ async fn warm_pods_serve_one_shot_runs_once_and_the_pool_refills() {
     let Some(d) = deployed("warm-pool") else {
         return;
     };
+    // Not while the operator is being killed: a new leader offers no warm pod until its
+    // cache of them is filled (those runs take the cold path, correctly, but not here).
+    let _operator_pods = OPERATOR_PODS.lock().await;
     let kube = Client::try_default().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let ready = wait_warm(&pods, 2).await;

@@ -260,7 +260,11 @@ async fn lint_is_clean() {
 #[test]
 fn chart_crds_are_the_generated_crds() {
     let root = helm::repo_root();
-    let files = ["toolrun.dev_toolruns.yaml", "toolrun.dev_tools.yaml"];
+    let files = [
+        "toolrun.dev_toolruns.yaml",
+        "toolrun.dev_tools.yaml",
+        "toolrun.dev_toolsessions.yaml",
+    ];
     for file in files {
         let generated = std::fs::read(root.join("deploy/crds").join(file)).unwrap();
         let chart = std::fs::read(helm::chart_dir().join("crds").join(file)).unwrap();

@@ -150,6 +150,7 @@ pub fn tool_run(
             limits,
             ttl_seconds_after_finished: cfg.ttl_seconds_after_finished,
             runtime_class_name: cfg.runtime_class_name.clone(),
+            session: None,
             cancel: false,
         },
         status: None,

@@ -479,6 +479,21 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         let Some(sessions) = &sessions else {
             return info;
         };
+        if let Some(relay) = &config.sandbox.kubernetes.session_relay
+            && kube_sessions
+        {
+            info.mechanisms.push(crate::sandbox::Mechanism {
+                name: "session-pods".into(),
+                active: true,
+                detail: format!(
+                    "each session is a ToolSession in namespace {}: one agent pod made by the \
+                     operator, the workspace on its volume; file tools through the operator's \
+                     relay at {} (the gateway never attaches to pods)",
+                    config.sandbox.kubernetes.namespace, relay.address
+                ),
+            });
+            return info;
+        }
         let (kind, problem) = sessions.volume_kind();
         info.mechanisms.push(crate::sandbox::Mechanism {
             name: "workspace-quota".into(),

@@ -574,3 +574,145 @@ fn nix_kill(pid: i32, sig: &str) {
         .unwrap();
     assert!(status.success());
 }
+
+/// A dropped stream is reopened and every call in flight is sent again on the new one: the
+/// agent's stdin and stdout are FIFOs here, as the container runtime's are behind
+/// `pods/attach`, so a new "attach" reaches the same running agent. The run streams every
+/// line exactly once and runs once; file ops beside it are answered.
+#[tokio::test]
+async fn a_dropped_stream_is_reattached_and_calls_in_flight_finish_once() {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    let dir = temp_dir("fifo");
+    let (fin, fout) = (dir.join("in"), dir.join("out"));
+    for p in [&fin, &fout] {
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(p)
+                .status()
+                .unwrap()
+                .success()
+        );
+    }
+    // The agent's ends: stdin read end (opened without waiting for a writer), stdout write
+    // end (a reader must exist while it opens: ours, dropped at once).
+    let agent_in = tokio::net::unix::pipe::OpenOptions::new()
+        .open_receiver(&fin)
+        .unwrap()
+        .into_blocking_fd()
+        .unwrap();
+    let first_reader = tokio::net::unix::pipe::OpenOptions::new()
+        .open_receiver(&fout)
+        .unwrap();
+    let agent_out = std::fs::OpenOptions::new().write(true).open(&fout).unwrap();
+    drop(first_reader);
+    let ws = temp_dir("fifo-ws");
+    let _child = Command::new(runner())
+        .args(["agent", "--require-unreachable", "off", "--workspace"])
+        .arg(&ws)
+        .stdin(Stdio::from(agent_in))
+        .stdout(Stdio::from(agent_out))
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let opens = Arc::new(AtomicU32::new(0));
+    let conn = {
+        let (fin, fout, opens) = (fin.clone(), fout.clone(), opens.clone());
+        Connection::lazy(
+            "fifo-agent",
+            Arc::new(move || {
+                let (fin, fout, opens) = (fin.clone(), fout.clone(), opens.clone());
+                Box::pin(async move {
+                    opens.fetch_add(1, Ordering::SeqCst);
+                    let stdout = tokio::net::unix::pipe::OpenOptions::new()
+                        .open_receiver(&fout)
+                        .map_err(|e| unreachable_err(e.to_string()))?;
+                    let stdin = tokio::net::unix::pipe::OpenOptions::new()
+                        .open_sender(&fin)
+                        .map_err(|e| unreachable_err(e.to_string()))?;
+                    Ok(toolrun_operator::relay::Streams {
+                        stdin: Box::new(stdin),
+                        stdout: Box::new(stdout),
+                        keep: None,
+                    })
+                })
+            }),
+        )
+    };
+    let run = {
+        let (conn, ws) = (conn.clone(), ws.clone());
+        tokio::spawn(async move {
+            let mut streamed = String::new();
+            let done = conn
+                .call(
+                    Request {
+                        id: "run-fifo".into(),
+                        op: Op::Run {
+                            spec: Box::new(run_spec(
+                                "for i in $(seq 1 10); do echo line-$i; sleep 0.1; done; date +%s%N",
+                                &ws,
+                            )),
+                        },
+                    },
+                    |r| {
+                        if let Body::Stdout { data } = &r.body {
+                            streamed.push_str(data);
+                        }
+                    },
+                )
+                .await
+                .unwrap();
+            (streamed, done)
+        })
+    };
+    let w = conn
+        .call(
+            file_op(
+                "w-a",
+                "write_file",
+                json!({"path": "a.txt", "content": "A"}),
+            ),
+            |_| {},
+        )
+        .await
+        .unwrap();
+    ok_output(&w);
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    conn.drop_stream().await;
+    // A file op after the drop reattaches (or joins the reattached stream).
+    let r = tokio::time::timeout(
+        Duration::from_secs(20),
+        conn.call(
+            file_op("r-a", "read_file", json!({"path": "a.txt"})),
+            |_| {},
+        ),
+    )
+    .await
+    .expect("hung after the drop")
+    .unwrap();
+    assert!(ok_output(&r)["content"].as_str().unwrap().contains('A'));
+    let (streamed, done) = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the run's call hung after the drop")
+        .unwrap();
+    let Body::Result(record) = done.body else {
+        panic!("not a result: {done:?}");
+    };
+    let lines: Vec<&str> = record.stdout.lines().collect();
+    assert_eq!(lines.len(), 11, "one execution: {:?}", record.stdout);
+    let want: Vec<String> = (1..=10).map(|i| format!("line-{i}")).collect();
+    assert_eq!(lines[..10], want);
+    assert_eq!(streamed, record.stdout, "every line streamed exactly once");
+    assert_eq!(
+        opens.load(Ordering::SeqCst),
+        2,
+        "one reattach for every call"
+    );
+}
+
+fn unreachable_err(why: String) -> toolrun_operator::relay::RelayError {
+    toolrun_operator::relay::RelayError::Unreachable {
+        pod: "fifo-agent".into(),
+        attempts: 1,
+        last: why,
+    }
+}

@@ -8,6 +8,16 @@ pub const CALL_ID: &str = "toolrun.dev/call-id";
 /// The caller's tenant (empty: a gateway without authentication), on ToolRuns the
 /// gateway creates; select a tenant's runs with `-l toolrun.dev/tenant=NAME`.
 pub const TENANT: &str = "toolrun.dev/tenant";
+/// Name of the ToolSession a ToolRun runs in (and of the session's pod): select a
+/// session's runs with `-l toolrun.dev/session=NAME`.
+pub const SESSION: &str = "toolrun.dev/session";
+/// The caller's session id on a ToolSession, as a label value ([`label_value`]).
+pub const SESSION_ID: &str = "toolrun.dev/session-id";
+/// The caller's session id on a ToolSession, unchanged (an annotation).
+pub const SESSION_ID_ANNOTATION: &str = "toolrun.dev/session-id";
+/// Annotation on a ToolSession: the last call the gateway served in it (RFC 3339), which
+/// the operator turns into `status.lastActivity` and `status.expiresAt`.
+pub const LAST_ACTIVITY: &str = "toolrun.dev/last-activity";
 /// Marks sandbox pods; the deny-all NetworkPolicy selects it.
 pub const SANDBOX: &str = "toolrun.dev/sandbox";
 /// Value of [`SANDBOX`].

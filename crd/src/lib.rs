@@ -20,8 +20,10 @@
 //! context is the operator's alone.
 
 pub mod labels;
+pub mod session;
 pub mod tool;
 
+pub use session::{ToolSession, ToolSessionSpec, ToolSessionStatus};
 pub use tool::{Tool, ToolSpec, ToolStatus};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -60,6 +62,7 @@ const SPEC_IMMUTABLE: &str = concat!(
     " && (!has(self.ttlSecondsAfterFinished) || self.ttlSecondsAfterFinished == oldSelf.ttlSecondsAfterFinished)",
     " && has(self.runtimeClassName) == has(oldSelf.runtimeClassName)",
     " && (!has(self.runtimeClassName) || self.runtimeClassName == oldSelf.runtimeClassName)",
+    " && has(self.session) == has(oldSelf.session) && (!has(self.session) || self.session == oldSelf.session)",
 );
 /// Cancelling is one-way: a cancelled run cannot be resumed.
 const CANCEL_ONE_WAY: &str =
@@ -147,6 +150,14 @@ pub struct ToolRunSpec {
         regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     )]
     pub runtime_class_name: Option<String>,
+    /// The ToolSession (its name) this run executes in: the operator runs it in that
+    /// session's pod, with the session's workspace. Unset: a pod of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub session: Option<String>,
     /// Set to true to stop the run. The only field that may change after creation.
     #[serde(default, skip_serializing_if = "is_false")]
     pub cancel: bool,
@@ -446,6 +457,11 @@ pub(crate) fn conditions_schema(_: &mut SchemaGenerator) -> Schema {
 /// The CRD as YAML, as committed in `deploy/crds/toolrun.dev_toolruns.yaml`.
 pub fn crd_yaml() -> Result<String, serde_yaml_ng::Error> {
     serde_yaml_ng::to_string(&ToolRun::crd())
+}
+
+/// The ToolSession CRD as YAML, as committed in `deploy/crds/toolrun.dev_toolsessions.yaml`.
+pub fn session_crd_yaml() -> Result<String, serde_yaml_ng::Error> {
+    serde_yaml_ng::to_string(&ToolSession::crd())
 }
 
 /// The Tool CRD as YAML, as committed in `deploy/crds/toolrun.dev_tools.yaml`.

@@ -148,6 +148,7 @@ fn nothing_in_the_resource_can_ask_for_privileges_or_host_access() {
             "language",
             "limits",
             "runtimeClassName",
+            "session",
             "stdin",
             "tool",
             "ttlSecondsAfterFinished",
@@ -249,6 +250,7 @@ fn good_spec() -> Value {
         "limits": {"timeoutSeconds": 10, "memoryMiB": 256, "cpuMillis": 500, "processes": 64, "outputBytes": 65536},
         "ttlSecondsAfterFinished": 0,
         "runtimeClassName": "gvisor",
+        "session": "ts-tenant-a-s-1",
         "cancel": false
     })
 }
@@ -300,6 +302,10 @@ fn schema_rejects_nonsense() {
         ("/env/0/name", json!("")),
         ("/env/0/name", json!("LD_PRELOAD\n")),
         ("/runtimeClassName", json!("Not A Class")),
+        ("/session", json!("")),
+        ("/session", json!("Upper")),
+        ("/session", json!("a.b")),
+        ("/session", json!("x".repeat(64))),
         ("/tool", json!("")),
         ("/callId", json!("")),
         ("/args", json!(vec!["a"; 65])),
@@ -509,6 +515,7 @@ fn cel_spec_is_immutable_except_cancel() {
         ("/limits/memoryMiB", json!(512)),
         ("/ttlSecondsAfterFinished", json!(60)),
         ("/runtimeClassName", json!("kata")),
+        ("/session", json!("ts-other")),
     ];
     for (pointer, value) in changes {
         let new = object("tr-1", with(good_spec(), pointer, value));
@@ -526,6 +533,7 @@ fn cel_spec_is_immutable_except_cancel() {
         "limits",
         "ttlSecondsAfterFinished",
         "runtimeClassName",
+        "session",
     ] {
         let mut removed = good_spec();
         removed.as_object_mut().unwrap().remove(field);

@@ -40,6 +40,7 @@ fn print_one() -> SandboxRun {
         call_id: "bench".into(),
         tenant: String::new(),
         workspace: None,
+        session: None,
     }
 }
 

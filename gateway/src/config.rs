@@ -283,6 +283,26 @@ pub struct KubernetesConfig {
     /// How long a run may wait for its pod to start, 1..=3600 s, on top of the program's
     /// timeout; past both the ToolRun is cancelled and the call fails.
     pub start_timeout_seconds: u64,
+    /// Sessions on Kubernetes: the operator's session relay (`SessionRelay`), through which
+    /// the file tools reach a session pod. Unset: sessions are not served by this backend.
+    pub session_relay: Option<SessionRelayConfig>,
+}
+
+/// Where the operator's session relay listens, and its token (`sandbox.kubernetes.sessionRelay`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SessionRelayConfig {
+    /// `http://HOST:PORT` of the relay (the chart's `<release>-operator-relay` Service).
+    pub address: String,
+    /// File holding the bearer token (the chart's generated Secret, mounted).
+    pub token_file: std::path::PathBuf,
+    /// Longest one file operation may take through the relay, 1..=600 s (default 60).
+    #[serde(default = "default_relay_timeout")]
+    pub timeout_seconds: u64,
+}
+
+fn default_relay_timeout() -> u64 {
+    60
 }
 
 impl Default for KubernetesConfig {
@@ -292,6 +312,7 @@ impl Default for KubernetesConfig {
             ttl_seconds_after_finished: Some(300),
             runtime_class_name: None,
             start_timeout_seconds: 120,
+            session_relay: None,
         }
     }
 }
@@ -326,6 +347,22 @@ impl KubernetesConfig {
                 return Err(invalid(
                     "runtimeClassName",
                     format!("{rc:?} is not a RuntimeClass name (a DNS subdomain)"),
+                ));
+            }
+        }
+        if let Some(r) = &self.session_relay {
+            let ok = (r.address.starts_with("http://") || r.address.starts_with("https://"))
+                && r.address.parse::<http::Uri>().is_ok();
+            if !ok {
+                return Err(invalid(
+                    "sessionRelay.address",
+                    format!("{:?} is not an http://HOST:PORT address", r.address),
+                ));
+            }
+            if !(1..=600).contains(&r.timeout_seconds) {
+                return Err(invalid(
+                    "sessionRelay.timeoutSeconds",
+                    format!("{} is out of range 1..=600", r.timeout_seconds),
                 ));
             }
         }
@@ -842,6 +879,14 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.sandbox.kubernetes.ttl_seconds_after_finished, None);
+        assert_eq!(c.sandbox.kubernetes.session_relay, None);
+        let c = Config::from_yaml(
+            "sandbox:\n  kubernetes:\n    sessionRelay:\n      address: http://toolrun-operator-relay.ns.svc:50052\n      tokenFile: /etc/toolrun-relay/token\n",
+        )
+        .unwrap();
+        let relay = c.sandbox.kubernetes.session_relay.unwrap();
+        assert_eq!(relay.address, "http://toolrun-operator-relay.ns.svc:50052");
+        assert_eq!(relay.timeout_seconds, 60);
         for (yaml, key) in [
             ("namespace: Bad_NS", "sandbox.kubernetes.namespace"),
             ("namespace: ''", "sandbox.kubernetes.namespace"),
@@ -862,6 +907,18 @@ mod tests {
                 "sandbox.kubernetes.startTimeoutSeconds",
             ),
             ("namespce: x", "sandbox.kubernetes"),
+            (
+                "sessionRelay: {address: 'relay:50052', tokenFile: /t}",
+                "sandbox.kubernetes.sessionRelay.address",
+            ),
+            (
+                "sessionRelay: {address: 'http://r:1', tokenFile: /t, timeoutSeconds: 0}",
+                "sandbox.kubernetes.sessionRelay.timeoutSeconds",
+            ),
+            (
+                "sessionRelay: {address: 'http://r:1'}",
+                "sandbox.kubernetes",
+            ),
         ] {
             let err = Config::from_yaml(&format!("sandbox:\n  kubernetes:\n    {yaml}\n"))
                 .unwrap_err()

@@ -143,6 +143,7 @@ fn session_status(e: SessionError) -> Status {
             Status::resource_exhausted(e.to_string())
         }
         SessionError::Storage(_) => Status::internal(e.to_string()),
+        SessionError::Backend(_) => Status::unavailable(e.to_string()),
     }
 }
 
@@ -470,11 +471,9 @@ impl pb::tool_service_server::ToolService for ToolService {
             idle_timeout: (r.idle_timeout_seconds > 0)
                 .then(|| Duration::from_secs(u64::from(r.idle_timeout_seconds))),
         };
-        // Making the workspace's filesystem blocks (mkfs, mount): off the runtime's threads.
-        let session = tokio::task::spawn_blocking(move || mgr.create(req))
-            .await
-            .map_err(|e| Status::internal(format!("create task: {e}")))?
-            .map_err(session_status)?;
+        // Locally mkfs and mount run off the runtime's threads; on kubernetes this waits
+        // for the ToolSession's pod.
+        let session = mgr.create_session(req).await.map_err(session_status)?;
         Ok(Response::new(session_proto(&session)))
     }
 

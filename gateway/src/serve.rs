@@ -210,6 +210,43 @@ impl Running {
     }
 }
 
+/// The session manager of the kubernetes backend: ToolSessions in the sandbox namespace,
+/// files through the operator's relay, open sessions restored.
+async fn open_kube_sessions(config: &Config) -> Result<Arc<SessionManager>, ServeError> {
+    let k = &config.sandbox.kubernetes;
+    let relay = k
+        .session_relay
+        .as_ref()
+        .expect("called only with a session relay configured");
+    let storage = |m: String| ServeError::Sessions(SessionError::Storage(m));
+    let token = std::fs::read_to_string(&relay.token_file).map_err(|e| {
+        storage(format!(
+            "sandbox.kubernetes.sessionRelay.tokenFile {}: {e}",
+            relay.token_file.display()
+        ))
+    })?;
+    let client = crate::sandbox::kubernetes::startup::client()
+        .await
+        .map_err(|e| storage(format!("sessions on kubernetes: {e}")))?;
+    let relay_client = crate::session::files::RelayClient::new(
+        &relay.address,
+        &token,
+        Duration::from_secs(relay.timeout_seconds),
+    )
+    .map_err(storage)?;
+    let kube = crate::session::kube::KubeSessions::new(
+        client,
+        &k.namespace,
+        relay_client,
+        Duration::from_secs(k.start_timeout_seconds),
+        k.runtime_class_name.clone(),
+    );
+    Ok(
+        SessionManager::open_kube(config.sessions.clone(), Arc::new(Approvals::new()), kube)
+            .await?,
+    )
+}
+
 /// Builds the sandbox backend named by the configuration (for kubernetes: connects and
 /// checks the cluster first).
 pub async fn build_sandbox(
@@ -289,7 +326,11 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let audit = crate::audit::AuditSink::open(&config.audit).map_err(ServeError::Audit)?;
     let metrics = Arc::new(Metrics::new());
     let mut start_allowance = Duration::ZERO;
-    let serve_sessions = config.sandbox.backend == BackendKind::Local;
+    // Kubernetes serves sessions when the operator's session relay is configured.
+    let kube_sessions = config.sandbox.backend == BackendKind::Kubernetes
+        && config.sandbox.kubernetes.session_relay.is_some()
+        && !args.no_sandbox;
+    let serve_sessions = config.sandbox.backend == BackendKind::Local || kube_sessions;
     let languages = Arc::new(std::sync::Mutex::new(serde_json::json!({"probing": true})));
     let (registry, sandbox_info, pool) = if args.no_sandbox {
         tracing::warn!("--no-sandbox: run_code, code_executor and shell are not served");
@@ -322,9 +363,11 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         let registry = builtin_registry(&config, pool.clone(), serve_sessions)?;
         (registry, Some(info), Some(pool))
     };
-    // Sessions are served by the local backend (the kubernetes backend gains them with the
-    // in-pod agent); their workspaces live in the state dir.
-    let sessions = if serve_sessions {
+    // Sessions: locally their workspaces live in the state dir; on kubernetes each is a
+    // ToolSession (an agent pod), its files reached through the operator's relay.
+    let sessions = if kube_sessions {
+        Some(open_kube_sessions(&config).await?)
+    } else if serve_sessions {
         let sessions = SessionManager::open(
             args.state_dir.as_deref(),
             config.sessions.clone(),
@@ -342,7 +385,10 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         }
         Some(sessions)
     } else {
-        tracing::info!("sessions are not served by the kubernetes backend yet");
+        tracing::info!(
+            "sessions are not served: the kubernetes backend needs \
+             sandbox.kubernetes.sessionRelay (the operator's session relay)"
+        );
         None
     };
     let registry = Arc::new(registry);
@@ -433,6 +479,21 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         let Some(sessions) = &sessions else {
             return info;
         };
+        if let Some(relay) = &config.sandbox.kubernetes.session_relay
+            && kube_sessions
+        {
+            info.mechanisms.push(crate::sandbox::Mechanism {
+                name: "session-pods".into(),
+                active: true,
+                detail: format!(
+                    "each session is a ToolSession in namespace {}: one agent pod made by the \
+                     operator, the workspace on its volume; file tools through the operator's \
+                     relay at {} (the gateway never attaches to pods)",
+                    config.sandbox.kubernetes.namespace, relay.address
+                ),
+            });
+            return info;
+        }
         let (kind, problem) = sessions.volume_kind();
         info.mechanisms.push(crate::sandbox::Mechanism {
             name: "workspace-quota".into(),

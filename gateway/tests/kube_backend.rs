@@ -110,6 +110,7 @@ fn sandbox_run(language: Language, code: &str, timeout_ms: u64, call_id: &str) -
         call_id: call_id.into(),
         tenant: "team-k".into(),
         workspace: None,
+        session: None,
     }
 }
 

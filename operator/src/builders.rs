@@ -490,6 +490,7 @@ pub fn agent_pod(
             limits: Limits::default(),
             ttl_seconds_after_finished: None,
             runtime_class_name: None,
+            session: None,
             cancel: false,
         },
     );

@@ -234,6 +234,8 @@ pub struct ControllerConfig {
     /// recorded the moment the runner writes it (0: never; past it, the result is read
     /// when the pod is seen finished).
     pub max_log_followers: usize,
+    /// The session relay (`--relay-listen`, `--relay-token-file`); `None`: not served.
+    pub relay: Option<crate::session::relay_server::RelayServerConfig>,
 }
 
 /// Leader election with a `coordination.k8s.io` Lease.
@@ -269,6 +271,7 @@ impl Default for ControllerConfig {
             metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             pending_grace: Duration::from_secs(60),
             max_log_followers: 256,
+            relay: None,
         }
     }
 }

@@ -25,6 +25,7 @@ pub mod metrics;
 pub mod ratelimit;
 pub mod record;
 pub mod relay;
+pub mod session;
 pub mod status;
 pub mod warmpool;
 
@@ -59,6 +60,9 @@ pub enum Error {
     /// Leader election failed to start.
     #[error(transparent)]
     Leader(#[from] leader::Error),
+    /// The session relay could not start (token file, listener).
+    #[error("session relay: {0}")]
+    Relay(String),
 }
 
 /// Who this replica is: its leader-election identity and the namespace of its Lease.
@@ -161,6 +165,13 @@ pub async fn run(
         // The chart ships the same policy; without the permission (or on a conflict) the
         // operator still runs, but says so.
         warn!(error = %e, "could not apply the deny-all NetworkPolicy");
+    }
+    if let Some(relay) = &ctl.relay {
+        // Served by every replica: a pod's one attach stream is per process (relay::Pool).
+        let pool = session::relay_server::session_pool(client.clone(), &config.namespace);
+        session::relay_server::start(client.clone(), &config.namespace, relay, pool, stop.clone())
+            .await
+            .map_err(Error::Relay)?;
     }
     let ctx = Arc::new(Context::new(
         client.clone(),

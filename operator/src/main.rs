@@ -17,6 +17,17 @@ struct Args {
     /// Address of /metrics, /healthz and /readyz (overrides controller.metricsListen).
     #[arg(long, env = "TOOLRUN_OPERATOR_METRICS_LISTEN")]
     metrics_listen: Option<SocketAddr>,
+    /// Serve the session relay (toolrun.v1.SessionRelay, for the gateway) here, e.g.
+    /// 0.0.0.0:50052. Off when unset.
+    #[arg(
+        long,
+        env = "TOOLRUN_OPERATOR_RELAY_LISTEN",
+        requires = "relay_token_file"
+    )]
+    relay_listen: Option<SocketAddr>,
+    /// File holding the relay's bearer token (the chart's generated Secret).
+    #[arg(long, env = "TOOLRUN_OPERATOR_RELAY_TOKEN_FILE")]
+    relay_token_file: Option<PathBuf>,
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "TOOLRUN_LOG_FORMAT")]
     log_format: LogFormat,
@@ -44,6 +55,11 @@ async fn main() -> anyhow::Result<()> {
     };
     if let Some(addr) = args.metrics_listen {
         config.controller.metrics_listen = addr;
+    }
+    if let (Some(listen), Some(token_file)) = (args.relay_listen, args.relay_token_file) {
+        config.controller.relay = Some(
+            toolrun_operator::session::relay_server::RelayServerConfig::new(listen, token_file),
+        );
     }
     let client = toolrun_operator::client(&config.controller).await?;
     let identity = Identity::from_env(&config.operator.namespace);

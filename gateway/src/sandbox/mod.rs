@@ -73,8 +73,13 @@ pub struct SandboxRun {
     /// absolute UTF-8 path to a directory, not a symlink, chosen by the gateway; its size
     /// is what the host filesystem under it allows (a per-session filesystem or quota
     /// caps it). Such runs always start a fresh sandbox (the prepared one has no
-    /// workspace). Kubernetes backend: refused ([`SandboxError::Rejected`]) for now.
+    /// workspace). Kubernetes backend: refused ([`SandboxError::Rejected`]); it uses
+    /// [`SandboxRun::session`].
     pub workspace: Option<std::path::PathBuf>,
+    /// Kubernetes backend: the ToolSession this run executes in (its pod and workspace);
+    /// set in the ToolRun's `spec.session` and `toolrun.dev/session` label. `None` for
+    /// one-shot runs and on the local backend.
+    pub session: Option<String>,
 }
 
 /// Failures of the sandbox itself (not of the program: those are verdicts in the record).

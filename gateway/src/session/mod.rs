@@ -12,6 +12,8 @@
 //! (get, list, close and calls answer as for an unknown id), and a tenant's open sessions
 //! count against its own `limits.sessions` as well as the server's maximum.
 
+pub mod files;
+pub mod kube;
 pub mod volume;
 
 use std::collections::HashMap;
@@ -23,6 +25,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use toolrun_workspace::{Workspace, WorkspaceLimits};
+
+use files::SessionFiles;
+use kube::KubeSessions;
 
 use crate::approval::Approvals;
 use crate::config::{ApprovalMode, SessionsConfig};
@@ -141,6 +146,10 @@ pub enum SessionError {
     /// The workspace could not be made or removed.
     #[error("workspace: {0}")]
     Storage(String),
+    /// The kubernetes backend could not make the session (the ToolSession failed, was not
+    /// Ready in time, or the API refused).
+    #[error("{0}")]
+    Backend(String),
 }
 
 /// The persisted part of a session.
@@ -167,10 +176,14 @@ pub struct Session {
     pub idle_timeout: Duration,
     /// When it was created.
     pub created_at: SystemTime,
-    /// The workspace's host directory (mounted at `/workspace` in the sandbox).
+    /// The workspace's host directory (mounted at `/workspace` in the sandbox); empty on
+    /// the kubernetes backend (the workspace is the session pod's volume).
     pub workspace_dir: PathBuf,
-    /// The file-access core over the workspace's directory handle.
-    pub workspace: Workspace,
+    /// The file-access core over the workspace: the local directory handle, or the session
+    /// pod's agent through the operator's relay.
+    pub files: SessionFiles,
+    /// The ToolSession of a session on the kubernetes backend (its runs name it).
+    pub tool_session: Option<String>,
     /// Fired when the session closes: every call running in it is cancelled.
     pub cancel: CancellationToken,
     last_used: Mutex<SystemTime>,
@@ -178,6 +191,15 @@ pub struct Session {
     running: AtomicU32,
     closed: AtomicBool,
     record_path: PathBuf,
+    /// Kubernetes: where uses are recorded (the last-activity annotation).
+    activity: Option<Activity>,
+}
+
+/// A kubernetes session's last-activity annotation, patched at most every
+/// [`kube::ACTIVITY_EVERY`].
+struct Activity {
+    kube: Arc<KubeSessions>,
+    last_patch: Mutex<SystemTime>,
 }
 
 impl std::fmt::Debug for Session {
@@ -191,6 +213,38 @@ impl std::fmt::Debug for Session {
 }
 
 impl Session {
+    /// A session outside any manager, over `files` (embedding and tests: the file tools
+    /// with a [`SessionFiles`] of either kind). It never expires and keeps no record.
+    pub fn detached(
+        id: &str,
+        tenant: &str,
+        approval_mode: ApprovalMode,
+        files: SessionFiles,
+    ) -> Arc<Session> {
+        let now = SystemTime::now();
+        let tool_session = match &files {
+            SessionFiles::Remote(r) => Some(r.session.clone()),
+            SessionFiles::Local(_) => None,
+        };
+        Arc::new(Session {
+            id: id.to_string(),
+            tenant: tenant.to_string(),
+            approval_mode,
+            idle_timeout: Duration::from_secs(u64::from(u32::MAX)),
+            created_at: now,
+            workspace_dir: PathBuf::new(),
+            files,
+            tool_session,
+            cancel: CancellationToken::new(),
+            last_used: Mutex::new(now),
+            last_touch: Mutex::new(now),
+            running: AtomicU32::new(0),
+            closed: AtomicBool::new(false),
+            record_path: PathBuf::new(),
+            activity: None,
+        })
+    }
+
     /// When the session was last used (a call started or ended).
     pub fn last_used(&self) -> SystemTime {
         *self.last_used.lock().unwrap_or_else(|e| e.into_inner())
@@ -222,6 +276,17 @@ impl Session {
                 let _ = f.set_modified(now);
             }
         }
+        drop(last);
+        if let (Some(a), Some(name)) = (&self.activity, &self.tool_session) {
+            let mut last = a.last_patch.lock().unwrap_or_else(|e| e.into_inner());
+            if now.duration_since(*last).unwrap_or_default() >= kube::ACTIVITY_EVERY
+                && let Ok(rt) = tokio::runtime::Handle::try_current()
+            {
+                *last = now;
+                let (k, name) = (a.kube.clone(), name.clone());
+                rt.spawn(async move { k.touch(&name, now).await });
+            }
+        }
     }
 
     /// Marks a call running in the session until the guard drops (the reaper never
@@ -236,6 +301,10 @@ impl Session {
 
     /// Bytes and files used in the workspace, and its limits (statvfs of its filesystem).
     pub fn usage(&self) -> Usage {
+        if self.tool_session.is_some() {
+            // In the session pod; not reported yet.
+            return Usage::default();
+        }
         match rustix::fs::statvfs(&self.workspace_dir) {
             Ok(s) => Usage {
                 bytes_used: (s.f_blocks - s.f_bfree) * s.f_frsize,
@@ -302,8 +371,26 @@ pub struct SessionManager {
     /// duplicates).
     creating: Mutex<Vec<(String, String)>>,
     approvals: Arc<Approvals>,
+    /// The kubernetes backend: sessions are ToolSessions.
+    kube: Option<Arc<KubeSessions>>,
     /// Held for the manager's life: one gateway per state dir.
     _lock: std::fs::File,
+}
+
+/// An id being created: counted against the maximums until dropped.
+struct Reserved<'a> {
+    mgr: &'a SessionManager,
+    id: String,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        self.mgr
+            .creating
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(c, _)| c != &self.id);
+    }
 }
 
 fn ms(t: SystemTime) -> i64 {
@@ -331,6 +418,79 @@ impl SessionManager {
         config: SessionsConfig,
         approvals: Arc<Approvals>,
     ) -> Result<Arc<SessionManager>, SessionError> {
+        let mgr = Self::open_with(state_dir, config, approvals, None)?;
+        mgr.restore();
+        Ok(mgr)
+    }
+
+    /// Sessions on the kubernetes backend: each a ToolSession in `kube`'s namespace. The
+    /// gateway's open ToolSessions are restored (ones idle past their timeout deleted).
+    pub async fn open_kube(
+        config: SessionsConfig,
+        approvals: Arc<Approvals>,
+        kube: KubeSessions,
+    ) -> Result<Arc<SessionManager>, SessionError> {
+        let kube = Arc::new(kube);
+        let mgr = Self::open_with(None, config, approvals, Some(kube.clone()))?;
+        let now = SystemTime::now();
+        for f in kube.list().await? {
+            if f.last_used + f.idle <= now {
+                tracing::info!(session_id = %f.id, toolsession = %f.name, "session expired while the gateway was down; deleting");
+                kube.delete(&f.name).await;
+                continue;
+            }
+            if !valid_session_id(&f.id) {
+                continue;
+            }
+            let rec = Record {
+                session_id: f.id.clone(),
+                tenant: f.tenant.clone(),
+                approval_mode: f.approval_mode,
+                idle_timeout_seconds: f.idle.as_secs(),
+                created_at_ms: ms(f.created_at),
+            };
+            let s = mgr.kube_session(&kube, &rec, &f.name, f.last_used);
+            tracing::info!(session_id = %s.id, toolsession = %f.name, "session restored");
+            mgr.table().insert(s.id.clone(), s);
+        }
+        Ok(mgr)
+    }
+
+    fn kube_session(
+        &self,
+        kube: &Arc<KubeSessions>,
+        rec: &Record,
+        name: &str,
+        last_used: SystemTime,
+    ) -> Arc<Session> {
+        Arc::new(Session {
+            id: rec.session_id.clone(),
+            tenant: rec.tenant.clone(),
+            approval_mode: rec.approval_mode,
+            idle_timeout: Duration::from_secs(rec.idle_timeout_seconds),
+            created_at: UNIX_EPOCH + Duration::from_millis(rec.created_at_ms.max(0) as u64),
+            workspace_dir: PathBuf::new(),
+            files: kube.files(name, &rec.tenant),
+            tool_session: Some(name.to_string()),
+            cancel: CancellationToken::new(),
+            last_used: Mutex::new(last_used),
+            last_touch: Mutex::new(last_used),
+            running: AtomicU32::new(0),
+            closed: AtomicBool::new(false),
+            record_path: PathBuf::new(),
+            activity: Some(Activity {
+                kube: kube.clone(),
+                last_patch: Mutex::new(last_used),
+            }),
+        })
+    }
+
+    fn open_with(
+        state_dir: Option<&Path>,
+        config: SessionsConfig,
+        approvals: Arc<Approvals>,
+        kube: Option<Arc<KubeSessions>>,
+    ) -> Result<Arc<SessionManager>, SessionError> {
         let storage = |e: std::io::Error, what: &str| SessionError::Storage(format!("{what}: {e}"));
         let (dir, ephemeral) = match state_dir {
             Some(d) => (d.to_path_buf(), false),
@@ -354,13 +514,21 @@ impl SessionManager {
                 "state dir {dir:?} is in use by another toolrun gateway (pass --state-dir)"
             )));
         }
-        let volumes = Volumes::new(
-            &dir,
-            config.workspace_size_mb << 20,
-            config.workspace_max_files,
-        )
-        .map_err(|e| SessionError::Storage(e.0))?;
+        let volumes = if kube.is_some() {
+            Volumes::unused(&dir)
+        } else {
+            Volumes::new(
+                &dir,
+                config.workspace_size_mb << 20,
+                config.workspace_max_files,
+            )
+            .map_err(|e| SessionError::Storage(e.0))?
+        };
         match volumes.kind() {
+            _ if kube.is_some() => tracing::info!(
+                namespace = kube.as_ref().map_or("", |k| k.namespace()),
+                "sessions are ToolSessions: one agent pod each, the workspace on its volume"
+            ),
             VolumeKind::Ext4Loop => tracing::info!(
                 state_dir = %dir.display(),
                 size_mb = config.workspace_size_mb,
@@ -381,9 +549,9 @@ impl SessionManager {
             sessions: Mutex::new(HashMap::new()),
             creating: Mutex::new(Vec::new()),
             approvals,
+            kube,
             _lock: lock,
         });
-        mgr.restore();
         Ok(mgr)
     }
 
@@ -434,13 +602,15 @@ impl SessionManager {
             idle_timeout: Duration::from_secs(rec.idle_timeout_seconds),
             created_at: UNIX_EPOCH + Duration::from_millis(rec.created_at_ms.max(0) as u64),
             workspace_dir: dir,
-            workspace,
+            files: SessionFiles::Local(Arc::new(workspace)),
+            tool_session: None,
             cancel: CancellationToken::new(),
             last_used: Mutex::new(last_used),
             last_touch: Mutex::new(last_used),
             running: AtomicU32::new(0),
             closed: AtomicBool::new(false),
             record_path: self.record_path(&rec.session_id),
+            activity: None,
         }))
     }
 
@@ -498,8 +668,8 @@ impl SessionManager {
         }
     }
 
-    /// Creates a session with a fresh workspace.
-    pub fn create(&self, req: CreateSession) -> Result<Arc<Session>, SessionError> {
+    /// Checks the request and reserves its id against the maximums.
+    fn reserve(&self, req: &CreateSession) -> Result<(Reserved<'_>, Duration), SessionError> {
         let id = if req.session_id.is_empty() {
             // 128 random bits: ids cannot be guessed (SECURITY-CASES 46).
             format!("s-{}", uuid::Uuid::new_v4().simple())
@@ -521,46 +691,92 @@ impl SessionManager {
                 idle.as_secs()
             )));
         }
+        let table = self.table();
+        let mut creating = self.creating.lock().unwrap_or_else(|e| e.into_inner());
+        if table.contains_key(&id)
+            || creating.iter().any(|(c, _)| *c == id)
+            || (self.kube.is_none() && self.record_path(&id).exists())
         {
-            let table = self.table();
-            let mut creating = self.creating.lock().unwrap_or_else(|e| e.into_inner());
-            if table.contains_key(&id)
-                || creating.iter().any(|(c, _)| *c == id)
-                || self.record_path(&id).exists()
-            {
-                return Err(SessionError::AlreadyExists(id));
-            }
-            let open = table.len() + creating.len();
-            if open >= self.config.max_sessions {
-                return Err(SessionError::TooMany(open));
-            }
-            if let Some(limit) = req.tenant_max_sessions {
-                let own = table.values().filter(|s| s.tenant == req.tenant).count()
-                    + creating.iter().filter(|(_, t)| *t == req.tenant).count();
-                if own >= limit {
-                    return Err(SessionError::TenantTooMany {
-                        tenant: req.tenant.clone(),
-                        limit,
-                    });
-                }
-            }
-            creating.push((id.clone(), req.tenant.clone()));
+            return Err(SessionError::AlreadyExists(id));
         }
-        let result = self.create_inner(&id, &req, idle);
-        self.creating
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|(c, _)| c != &id);
-        let session = result?;
-        self.table().insert(id.clone(), session.clone());
+        let open = table.len() + creating.len();
+        if open >= self.config.max_sessions {
+            return Err(SessionError::TooMany(open));
+        }
+        if let Some(limit) = req.tenant_max_sessions {
+            let own = table.values().filter(|s| s.tenant == req.tenant).count()
+                + creating.iter().filter(|(_, t)| *t == req.tenant).count();
+            if own >= limit {
+                return Err(SessionError::TenantTooMany {
+                    tenant: req.tenant.clone(),
+                    limit,
+                });
+            }
+        }
+        creating.push((id.clone(), req.tenant.clone()));
+        Ok((Reserved { mgr: self, id }, idle))
+    }
+
+    fn created(&self, session: Arc<Session>, idle: Duration) -> Arc<Session> {
+        self.table().insert(session.id.clone(), session.clone());
         tracing::info!(
-            session_id = %id,
+            session_id = %session.id,
             tenant = %session.tenant,
             approval_mode = session.approval_mode.as_str(),
             idle_timeout_s = idle.as_secs(),
+            toolsession = session.tool_session.as_deref().unwrap_or(""),
             "session created"
         );
-        Ok(session)
+        session
+    }
+
+    /// Creates a session with a fresh workspace (the local backend; blocks on mkfs and
+    /// mount).
+    pub fn create(&self, req: CreateSession) -> Result<Arc<Session>, SessionError> {
+        if self.kube.is_some() {
+            return Err(SessionError::Invalid(
+                "sessions on the kubernetes backend are made with create_session".into(),
+            ));
+        }
+        let (reserved, idle) = self.reserve(&req)?;
+        let session = self.create_inner(&reserved.id, &req, idle)?;
+        drop(reserved);
+        Ok(self.created(session, idle))
+    }
+
+    /// Creates a session on either backend: locally a fresh workspace (off the runtime's
+    /// threads); on kubernetes a ToolSession, waiting until its pod is Ready.
+    pub async fn create_session(
+        self: &Arc<Self>,
+        req: CreateSession,
+    ) -> Result<Arc<Session>, SessionError> {
+        let Some(kube) = self.kube.clone() else {
+            let mgr = self.clone();
+            return tokio::task::spawn_blocking(move || mgr.create(req))
+                .await
+                .map_err(|e| SessionError::Storage(format!("create task: {e}")))?;
+        };
+        let (reserved, idle) = self.reserve(&req)?;
+        let mode = req
+            .approval_mode
+            .unwrap_or(self.config.default_approval_mode);
+        let size = req
+            .workspace_size_mb
+            .unwrap_or(self.config.workspace_size_mb);
+        let name = kube
+            .create(&reserved.id, &req.tenant, mode, idle, Some(size))
+            .await?;
+        let now = SystemTime::now();
+        let rec = Record {
+            session_id: reserved.id.clone(),
+            tenant: req.tenant.clone(),
+            approval_mode: mode,
+            idle_timeout_seconds: idle.as_secs(),
+            created_at_ms: ms(now),
+        };
+        let session = self.kube_session(&kube, &rec, &name, now);
+        drop(reserved);
+        Ok(self.created(session, idle))
     }
 
     fn create_inner(
@@ -668,6 +884,20 @@ impl SessionManager {
         while session.calls_running() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        if let (Some(kube), Some(name)) = (&self.kube, &session.tool_session) {
+            let deleted = kube.delete(name).await;
+            tracing::info!(
+                session_id = id,
+                tenant = %session.tenant,
+                toolsession = %name,
+                deleted,
+                reason = why,
+                calls_cancelled = running,
+                approvals_withdrawn = withdrawn,
+                "session closed"
+            );
+            return Ok((session, running));
+        }
         let volumes = self.volumes.clone();
         let record = self.record_path(id);
         let owned_id = id.to_string();
@@ -730,6 +960,14 @@ impl SessionManager {
     /// its sessions (unmounted; the next start mounts them again).
     pub async fn shutdown(&self) {
         let ids: Vec<String> = self.table().keys().cloned().collect();
+        if self.kube.is_some() {
+            // The ToolSessions stay: the next gateway restores them (and the operator
+            // expires the idle ones meanwhile).
+            for s in self.table().values() {
+                s.cancel.cancel();
+            }
+            return;
+        }
         if self.ephemeral {
             for id in ids {
                 let _ = self.close_any(&id, "shutdown (temporary state dir)").await;

@@ -79,6 +79,18 @@ impl Volumes {
         self.kind
     }
 
+    /// Volumes that are never made here (the kubernetes backend: workspaces are the
+    /// session pods' volumes): no probe, nothing on disk.
+    pub fn unused(state_dir: &Path) -> Volumes {
+        Volumes {
+            dir: state_dir.join("workspaces"),
+            kind: VolumeKind::Directory,
+            size_bytes: 0,
+            max_files: 0,
+            problem: Some("workspaces are the session pods' volumes (kubernetes)".into()),
+        }
+    }
+
     fn probe(&self) -> Result<(), VolumeError> {
         if !rustix::process::geteuid().is_root() {
             return Err(VolumeError(

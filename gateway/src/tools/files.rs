@@ -1,50 +1,37 @@
 //! The file tools of a session (seeds 001 and 002): thin adapters over the file-access core
 //! ([`toolrun_workspace::Workspace`]), which resolves every path beneath the workspace's
-//! directory handle in the kernel. Each call runs on a blocking thread; the argument and
-//! output types (and so the JSON Schemas) are the core's own.
+//! directory handle in the kernel. The argument and output types (and so the JSON Schemas)
+//! are the core's own. Locally each call runs on a blocking thread; on Kubernetes the same
+//! core runs in the session pod's agent, reached through the operator's relay
+//! ([`SessionFiles`]), and answers the same JSON and the same codes.
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 
+use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use toolrun_runner::agent::proto::FileOpKind;
 use toolrun_workspace::{
-    DeleteFileArgs, DeleteFileOutput, EditArgs, EditOutput, FsError, FsErrorCode, GlobArgs,
-    GlobOutput, GrepArgs, GrepOutput, ListDirectoryArgs, ListDirectoryOutput, MoveFileArgs,
-    MoveFileOutput, ReadFileArgs, ReadFileOutput, Workspace, WriteFileArgs, WriteFileOutput,
+    DeleteFileArgs, DeleteFileOutput, EditArgs, EditOutput, FsError, GlobArgs, GlobOutput,
+    GrepArgs, GrepOutput, ListDirectoryArgs, ListDirectoryOutput, MoveFileArgs, MoveFileOutput,
+    ReadFileArgs, ReadFileOutput, Workspace, WriteFileArgs, WriteFileOutput,
 };
 
 use crate::approval::{ApprovalAsk, ApprovalKind};
 use crate::error::{ErrorCode, ToolError};
 use crate::registry::{Registry, RegistryError};
+use crate::session::files::SessionFiles;
 use crate::tool::{
-    ApprovalPolicy, CallContext, Category, Determinism, SideEffect, ToolMetadata, TypedTool, typed,
+    ApprovalPolicy, CallContext, Category, Determinism, SideEffect, Tool, ToolMetadata, schema_of,
 };
 
-/// The tool result of a file-access failure.
-pub fn fs_error(e: FsError) -> ToolError {
-    let code = match e.code {
-        FsErrorCode::InvalidPath => ErrorCode::InvalidPath,
-        FsErrorCode::FileNotFound => ErrorCode::FileNotFound,
-        FsErrorCode::AlreadyExists => ErrorCode::AlreadyExists,
-        FsErrorCode::NotADirectory => ErrorCode::NotADirectory,
-        FsErrorCode::IsADirectory => ErrorCode::IsADirectory,
-        FsErrorCode::NoMatch => ErrorCode::NoMatch,
-        FsErrorCode::AmbiguousMatch => ErrorCode::AmbiguousMatch,
-        FsErrorCode::QuotaExceeded => ErrorCode::QuotaExceeded,
-        FsErrorCode::PermissionDenied => ErrorCode::PermissionDenied,
-        FsErrorCode::InvalidArguments => ErrorCode::InvalidArguments,
-        _ => ErrorCode::ExecutionError,
-    };
-    let mut err = ToolError::new(code, e.message);
-    if let Some(d) = e.details {
-        err = err.with_details(d);
-    }
-    err
-}
+pub use crate::session::files::fs_error;
 
 /// One file operation of the core, as a tool.
+#[async_trait]
 pub trait FileOp: Send + Sync + 'static {
     /// Arguments (the core's type).
     type Args: DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static;
@@ -52,54 +39,93 @@ pub trait FileOp: Send + Sync + 'static {
     type Output: Serialize + JsonSchema + Send + 'static;
     /// Metadata.
     const META: ToolMetadata;
-    /// Runs on a blocking thread.
+    /// The agent's op for it (the same core in a session pod).
+    const KIND: FileOpKind;
+    /// Runs on a blocking thread (local workspace).
     fn run(ws: &Workspace, args: &Self::Args) -> Result<Self::Output, FsError>;
-    /// What a call asks under the tool's own policy (mode `safe`).
-    fn ask(_ws: &Workspace, _args: &Self::Args) -> Result<Option<ApprovalAsk>, FsError> {
+    /// What a call asks under the tool's own policy (mode `safe`); `args` is the JSON form
+    /// of `a`.
+    async fn ask(
+        _files: &SessionFiles,
+        _a: &Self::Args,
+        _args: &Value,
+    ) -> Result<Option<ApprovalAsk>, ToolError> {
         Ok(None)
     }
 }
 
 /// A [`FileOp`] as a tool.
-pub struct FileTool<O>(PhantomData<O>);
+pub struct FileTool<O> {
+    metadata: ToolMetadata,
+    input_schema: Value,
+    output_schema: Value,
+    op: PhantomData<O>,
+}
 
-impl<O> Default for FileTool<O> {
+impl<O: FileOp> Default for FileTool<O> {
     fn default() -> Self {
-        FileTool(PhantomData)
+        FileTool {
+            metadata: O::META,
+            input_schema: schema_of::<O::Args>(),
+            output_schema: schema_of::<O::Output>(),
+            op: PhantomData,
+        }
     }
 }
 
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, FsError> + Send + 'static,
-) -> Result<T, ToolError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ToolError::new(ErrorCode::Internal, format!("file task: {e}")))?
-        .map_err(fs_error)
+fn parse<A: DeserializeOwned>(args: Value) -> Result<A, ToolError> {
+    // The schema already passed, so a failure here means the schema and the type disagree
+    // (e.g. a number range the schema cannot express): still the caller's arguments.
+    serde_json::from_value(args).map_err(|e| ToolError::invalid_arguments(e.to_string()))
 }
 
-impl<O: FileOp> TypedTool for FileTool<O> {
-    type Input = O::Args;
-    type Output = O::Output;
+#[async_trait]
+impl<O: FileOp> Tool for FileTool<O> {
+    fn metadata(&self) -> &ToolMetadata {
+        &self.metadata
+    }
 
-    fn metadata(&self) -> ToolMetadata {
-        O::META
+    fn input_schema(&self) -> &Value {
+        &self.input_schema
+    }
+
+    fn output_schema(&self) -> &Value {
+        &self.output_schema
     }
 
     async fn approval(
         &self,
-        input: &O::Args,
-        _args: &Value,
+        args: &Value,
         ctx: &CallContext,
     ) -> Result<Option<ApprovalAsk>, ToolError> {
+        if O::META.approval == ApprovalPolicy::Never {
+            return Ok(None);
+        }
+        let input: O::Args = parse(args.clone())?;
         let session = ctx.require_session(&O::META.id)?.clone();
-        let input = input.clone();
-        blocking(move || O::ask(&session.workspace, &input)).await
+        O::ask(&session.files, &input, args).await
     }
 
-    async fn run(&self, input: O::Args, ctx: &CallContext) -> Result<O::Output, ToolError> {
+    async fn call(&self, args: Value, ctx: &CallContext) -> Result<Value, ToolError> {
+        let input: O::Args = parse(args.clone())?;
         let session = ctx.require_session(&O::META.id)?.clone();
-        blocking(move || O::run(&session.workspace, &input)).await
+        match &session.files {
+            SessionFiles::Local(ws) => {
+                let ws: Arc<Workspace> = ws.clone();
+                let output = tokio::task::spawn_blocking(move || O::run(&ws, &input))
+                    .await
+                    .map_err(|e| ToolError::new(ErrorCode::Internal, format!("file task: {e}")))?
+                    .map_err(fs_error)?;
+                serde_json::to_value(output).map_err(|e| {
+                    ToolError::new(
+                        ErrorCode::Internal,
+                        format!("output does not serialise: {e}"),
+                    )
+                })
+            }
+            // The same core in the session pod: its output JSON is this tool's output.
+            remote @ SessionFiles::Remote(_) => remote.call(O::KIND, &args).await,
+        }
     }
 }
 
@@ -139,7 +165,9 @@ const fn meta(
 
 /// `read_file`.
 pub struct ReadFile;
+#[async_trait]
 impl FileOp for ReadFile {
+    const KIND: FileOpKind = FileOpKind::ReadFile;
     type Args = ReadFileArgs;
     type Output = ReadFileOutput;
     const META: ToolMetadata = meta(
@@ -159,7 +187,9 @@ impl FileOp for ReadFile {
 
 /// `write_file`.
 pub struct WriteFile;
+#[async_trait]
 impl FileOp for WriteFile {
+    const KIND: FileOpKind = FileOpKind::WriteFile;
     type Args = WriteFileArgs;
     type Output = WriteFileOutput;
     const META: ToolMetadata = meta(
@@ -174,8 +204,12 @@ impl FileOp for WriteFile {
     fn run(ws: &Workspace, a: &WriteFileArgs) -> Result<WriteFileOutput, FsError> {
         ws.write_file(a)
     }
-    fn ask(ws: &Workspace, a: &WriteFileArgs) -> Result<Option<ApprovalAsk>, FsError> {
-        if !ws.exists(&a.path)? {
+    async fn ask(
+        files: &SessionFiles,
+        a: &WriteFileArgs,
+        args: &Value,
+    ) -> Result<Option<ApprovalAsk>, ToolError> {
+        if !files.exists(&a.path).await? {
             return Ok(None);
         }
         // Overwriting loses the old content: destructive (a write_file approved as a new
@@ -185,7 +219,7 @@ impl FileOp for WriteFile {
             reason: format!(
                 "overwrite {}:\n{}",
                 a.path,
-                ws.preview_write(a).unwrap_or_else(|e| e.message)
+                files.preview(FileOpKind::PreviewWrite, args).await
             ),
         }))
     }
@@ -193,7 +227,9 @@ impl FileOp for WriteFile {
 
 /// `list_directory`.
 pub struct ListDirectory;
+#[async_trait]
 impl FileOp for ListDirectory {
+    const KIND: FileOpKind = FileOpKind::ListDirectory;
     type Args = ListDirectoryArgs;
     type Output = ListDirectoryOutput;
     const META: ToolMetadata = meta(
@@ -211,7 +247,9 @@ impl FileOp for ListDirectory {
 
 /// `delete_file`.
 pub struct DeleteFile;
+#[async_trait]
 impl FileOp for DeleteFile {
+    const KIND: FileOpKind = FileOpKind::DeleteFile;
     type Args = DeleteFileArgs;
     type Output = DeleteFileOutput;
     const META: ToolMetadata = meta(
@@ -225,7 +263,11 @@ impl FileOp for DeleteFile {
     fn run(ws: &Workspace, a: &DeleteFileArgs) -> Result<DeleteFileOutput, FsError> {
         ws.delete_file(a)
     }
-    fn ask(_ws: &Workspace, a: &DeleteFileArgs) -> Result<Option<ApprovalAsk>, FsError> {
+    async fn ask(
+        _files: &SessionFiles,
+        a: &DeleteFileArgs,
+        _args: &Value,
+    ) -> Result<Option<ApprovalAsk>, ToolError> {
         Ok(Some(ApprovalAsk {
             kind: ApprovalKind::Destructive,
             reason: format!(
@@ -243,7 +285,9 @@ impl FileOp for DeleteFile {
 
 /// `move_file`.
 pub struct MoveFile;
+#[async_trait]
 impl FileOp for MoveFile {
+    const KIND: FileOpKind = FileOpKind::MoveFile;
     type Args = MoveFileArgs;
     type Output = MoveFileOutput;
     const META: ToolMetadata = meta(
@@ -258,8 +302,12 @@ impl FileOp for MoveFile {
     fn run(ws: &Workspace, a: &MoveFileArgs) -> Result<MoveFileOutput, FsError> {
         ws.move_file(a)
     }
-    fn ask(ws: &Workspace, a: &MoveFileArgs) -> Result<Option<ApprovalAsk>, FsError> {
-        if !ws.exists(&a.to)? {
+    async fn ask(
+        files: &SessionFiles,
+        a: &MoveFileArgs,
+        _args: &Value,
+    ) -> Result<Option<ApprovalAsk>, ToolError> {
+        if !files.exists(&a.to).await? {
             return Ok(None);
         }
         Ok(Some(ApprovalAsk {
@@ -271,7 +319,9 @@ impl FileOp for MoveFile {
 
 /// `glob`.
 pub struct Glob;
+#[async_trait]
 impl FileOp for Glob {
+    const KIND: FileOpKind = FileOpKind::Glob;
     type Args = GlobArgs;
     type Output = GlobOutput;
     const META: ToolMetadata = meta(
@@ -289,7 +339,9 @@ impl FileOp for Glob {
 
 /// `grep`.
 pub struct Grep;
+#[async_trait]
 impl FileOp for Grep {
+    const KIND: FileOpKind = FileOpKind::Grep;
     type Args = GrepArgs;
     type Output = GrepOutput;
     const META: ToolMetadata = meta(
@@ -308,7 +360,9 @@ impl FileOp for Grep {
 
 /// `edit`.
 pub struct Edit;
+#[async_trait]
 impl FileOp for Edit {
+    const KIND: FileOpKind = FileOpKind::Edit;
     type Args = EditArgs;
     type Output = EditOutput;
     const META: ToolMetadata = meta(
@@ -324,13 +378,17 @@ impl FileOp for Edit {
     fn run(ws: &Workspace, a: &EditArgs) -> Result<EditOutput, FsError> {
         ws.edit(a)
     }
-    fn ask(ws: &Workspace, a: &EditArgs) -> Result<Option<ApprovalAsk>, FsError> {
+    async fn ask(
+        files: &SessionFiles,
+        a: &EditArgs,
+        args: &Value,
+    ) -> Result<Option<ApprovalAsk>, ToolError> {
         Ok(Some(ApprovalAsk {
             kind: ApprovalKind::Write,
             reason: format!(
                 "edit {}:\n{}",
                 a.path,
-                ws.preview_edit(a).unwrap_or_else(|e| e.message)
+                files.preview(FileOpKind::PreviewEdit, args).await
             ),
         }))
     }
@@ -338,13 +396,13 @@ impl FileOp for Edit {
 
 /// Registers every file tool.
 pub fn register(r: &mut Registry, config: &crate::config::Config) -> Result<(), RegistryError> {
-    r.register(typed(FileTool::<ReadFile>::default()), &[], config)?;
-    r.register(typed(FileTool::<WriteFile>::default()), &[], config)?;
-    r.register(typed(FileTool::<ListDirectory>::default()), &[], config)?;
-    r.register(typed(FileTool::<DeleteFile>::default()), &[], config)?;
-    r.register(typed(FileTool::<MoveFile>::default()), &[], config)?;
-    r.register(typed(FileTool::<Glob>::default()), &[], config)?;
-    r.register(typed(FileTool::<Grep>::default()), &[], config)?;
-    r.register(typed(FileTool::<Edit>::default()), &[], config)?;
+    r.register(Arc::new(FileTool::<ReadFile>::default()), &[], config)?;
+    r.register(Arc::new(FileTool::<WriteFile>::default()), &[], config)?;
+    r.register(Arc::new(FileTool::<ListDirectory>::default()), &[], config)?;
+    r.register(Arc::new(FileTool::<DeleteFile>::default()), &[], config)?;
+    r.register(Arc::new(FileTool::<MoveFile>::default()), &[], config)?;
+    r.register(Arc::new(FileTool::<Glob>::default()), &[], config)?;
+    r.register(Arc::new(FileTool::<Grep>::default()), &[], config)?;
+    r.register(Arc::new(FileTool::<Edit>::default()), &[], config)?;
     Ok(())
 }

@@ -125,8 +125,15 @@ impl SandboxPool {
             ("LANG".to_string(), "C.UTF-8".to_string()),
             ("PYTHONDONTWRITEBYTECODE".to_string(), "1".to_string()),
         ]);
-        // In a session the program works in its workspace, mounted at /workspace.
-        let workspace = ctx.session.as_ref().map(|s| s.workspace_dir.clone());
+        // In a session the program works in its workspace, mounted at /workspace: a host
+        // directory locally, the ToolSession's pod on kubernetes.
+        let tool_session = ctx.session.as_ref().and_then(|s| s.tool_session.clone());
+        let workspace = ctx
+            .session
+            .as_ref()
+            .filter(|s| s.tool_session.is_none())
+            .map(|s| s.workspace_dir.clone());
+        let in_session = ctx.session.is_some();
         // Artifacts: collected by the runner. On kubernetes the operator asks for them (its
         // `artifacts` configuration) and returns them in the ToolRun's status.
         let a = &self.config.artifacts;
@@ -146,10 +153,10 @@ impl SandboxPool {
         }
         env.extend(resolved.env);
         env.extend(code.env);
-        let workdir = match (&code.workdir, &workspace) {
+        let workdir = match (&code.workdir, in_session) {
             (Some(w), _) => w.clone(),
-            (None, Some(_)) => crate::session::WORKSPACE_IN_SANDBOX.to_string(),
-            (None, None) => "/tmp".to_string(),
+            (None, true) => crate::session::WORKSPACE_IN_SANDBOX.to_string(),
+            (None, false) => "/tmp".to_string(),
         };
         let spec = RunSpec {
             language: resolved.language,
@@ -179,6 +186,7 @@ impl SandboxPool {
                     call_id: ctx.call_id.clone(),
                     tenant: ctx.tenant.clone(),
                     workspace,
+                    session: tool_session,
                 },
                 ctx.stream.clone(),
                 ctx.cancel.clone(),

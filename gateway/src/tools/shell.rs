@@ -11,7 +11,7 @@ use serde::Deserialize;
 use super::run_code::{CodeRun, LanguageArg, RunCodeOutput, SandboxPool, execute_ask};
 use crate::approval::ApprovalAsk;
 use crate::config::{Limits, MAX_SHELL_TIMEOUT_MS};
-use crate::error::{ErrorCode, ToolError};
+use crate::error::ToolError;
 use crate::session::WORKSPACE_IN_SANDBOX;
 use crate::tool::{
     ApprovalPolicy, CallContext, Category, Determinism, SideEffect, ToolMetadata, TypedTool,
@@ -115,12 +115,7 @@ impl TypedTool for Shell {
         let workdir = match input.cwd.as_deref() {
             None | Some("") | Some(".") => WORKSPACE_IN_SANDBOX.to_string(),
             Some(cwd) => {
-                let ws = session.clone();
-                let cwd = cwd.to_string();
-                let rel = tokio::task::spawn_blocking(move || ws.workspace.resolve_dir(&cwd))
-                    .await
-                    .map_err(|e| ToolError::new(ErrorCode::Internal, e.to_string()))?
-                    .map_err(super::files::fs_error)?;
+                let rel = session.files.resolve_dir(cwd).await?;
                 if rel.is_empty() {
                     WORKSPACE_IN_SANDBOX.to_string()
                 } else {

@@ -65,6 +65,7 @@ pub fn spec(language: Language, code: &str, timeout_ms: u64) -> SandboxRun {
         call_id: "test".into(),
         tenant: String::new(),
         workspace: None,
+        session: None,
     }
 }
 

@@ -36,6 +36,7 @@ fn run() -> ToolRun {
             },
             ttl_seconds_after_finished: None,
             runtime_class_name: None,
+            session: None,
             cancel: false,
         },
     );

@@ -29,6 +29,7 @@ fn run() -> ToolRun {
             limits: Default::default(),
             ttl_seconds_after_finished: Some(60),
             runtime_class_name: None,
+            session: None,
             cancel: false,
         },
     );

@@ -130,6 +130,13 @@ fn operator_sandbox_grants() -> BTreeSet<String> {
         ("", &["pods/log"], &["get"]),
         ("", &["pods/attach"], &["create", "get"]),
         (
+            "toolrun.dev",
+            &["toolsessions", "toolsessions/status"],
+            &["get", "list", "watch", "patch"],
+        ),
+        // The session relay, in the sandbox namespace only.
+        ("", &["pods/attach"], &["create"]),
+        (
             "",
             &["configmaps"],
             &["get", "list", "watch", "create", "delete", "patch"],
@@ -156,6 +163,11 @@ fn gateway_sandbox_grants() -> BTreeSet<String> {
         ("", &["pods/log"], &["get"]),
         ("toolrun.dev", &["tools"], &["get", "list", "watch"]),
         ("toolrun.dev", &["tools/status"], &["patch"]),
+        (
+            "toolrun.dev",
+            &["toolsessions"],
+            &["get", "list", "watch", "create", "delete", "patch"],
+        ),
     ])
 }
 
@@ -265,7 +277,11 @@ async fn lint_is_clean() {
 #[test]
 fn chart_crds_are_the_generated_crds() {
     let root = helm::repo_root();
-    let files = ["toolrun.dev_toolruns.yaml", "toolrun.dev_tools.yaml"];
+    let files = [
+        "toolrun.dev_toolruns.yaml",
+        "toolrun.dev_tools.yaml",
+        "toolrun.dev_toolsessions.yaml",
+    ];
     for file in files {
         let generated = std::fs::read(root.join("deploy/crds").join(file)).unwrap();
         let chart = std::fs::read(helm::chart_dir().join("crds").join(file)).unwrap();
@@ -312,7 +328,9 @@ async fn default_render_matches_the_contract() {
         "Namespace -/toolrun-sandbox",
         "NetworkPolicy toolrun-sandbox/toolrun-sandbox-deny-all",
         "NetworkPolicy toolrun-system/toolrun-gateway",
+        "NetworkPolicy toolrun-system/toolrun-gateway-relay",
         "NetworkPolicy toolrun-system/toolrun-operator",
+        "NetworkPolicy toolrun-system/toolrun-operator-relay",
         "Role toolrun-sandbox/toolrun-gateway",
         "Role toolrun-sandbox/toolrun-operator",
         "Role toolrun-system/toolrun-operator-leader-election",
@@ -320,8 +338,10 @@ async fn default_render_matches_the_contract() {
         "RoleBinding toolrun-sandbox/toolrun-operator",
         "RoleBinding toolrun-system/toolrun-operator-leader-election",
         "Secret toolrun-system/toolrun-gateway-keys",
+        "Secret toolrun-system/toolrun-session-relay",
         "Service toolrun-system/toolrun-gateway",
         "Service toolrun-system/toolrun-operator-metrics",
+        "Service toolrun-system/toolrun-operator-relay",
         "ServiceAccount toolrun-system/toolrun-gateway",
         "ServiceAccount toolrun-system/toolrun-operator",
     ];
@@ -535,7 +555,11 @@ async fn default_render_matches_the_contract() {
             "--config",
             "/etc/toolrun/operator.yaml",
             "--log-format",
-            "json"
+            "json",
+            "--relay-listen",
+            "0.0.0.0:50052",
+            "--relay-token-file",
+            "/etc/toolrun-relay/token"
         ])
     );
     assert_eq!(op["spec"]["replicas"], 1);
@@ -885,6 +909,8 @@ async fn values_reach_the_operator_config_and_the_pods() {
             // The default configured languages also go into the gateway's config file.
             ("languages.typescript", Value::Null),
             ("languages.c", Value::Null),
+            // Sessions put the relay into the gateway's config file too.
+            ("sessions.enabled", json!(false)),
         ],
     )
     .await
@@ -1876,4 +1902,120 @@ async fn web_egress_opens_public_addresses_only_when_enabled() {
                 && e["valueFrom"]["secretKeyRef"]["name"] == "search-key"),
         "{env}"
     );
+}
+
+/// Sessions: the operator's relay is a ClusterIP port admitted from the gateway's pods only,
+/// both mount the same generated token, the gateway's config names the relay, and only the
+/// operator may attach to pods (the gateway's Role has no pods/attach or pods/exec).
+#[tokio::test]
+async fn the_session_relay_is_reachable_only_from_the_gateway_with_a_shared_token() {
+    let Some(helm) =
+        helm_or_skip("the_session_relay_is_reachable_only_from_the_gateway_with_a_shared_token")
+    else {
+        return;
+    };
+    let objs = render(&helm, &[]).await.expect("helm template");
+    let selector = |component: &str| {
+        json!({
+            "app.kubernetes.io/name": "toolrun",
+            "app.kubernetes.io/instance": "toolrun",
+            "app.kubernetes.io/component": component,
+        })
+    };
+    let svc = find(&objs, "Service", Some(NS), "toolrun-operator-relay");
+    assert_eq!(svc["spec"]["type"], "ClusterIP");
+    assert_eq!(svc["spec"]["selector"], selector("operator"));
+    assert_eq!(
+        svc["spec"]["ports"],
+        json!([{"name": "relay", "port": 50052, "targetPort": "relay", "protocol": "TCP", "appProtocol": "grpc"}])
+    );
+    let ingress = find(&objs, "NetworkPolicy", Some(NS), "toolrun-operator-relay");
+    assert_eq!(
+        ingress["spec"]["podSelector"]["matchLabels"],
+        selector("operator")
+    );
+    assert_eq!(
+        ingress["spec"]["ingress"],
+        json!([{"from": [{"podSelector": {"matchLabels": selector("gateway")}}],
+                "ports": [{"protocol": "TCP", "port": "relay"}]}])
+    );
+    let egress = find(&objs, "NetworkPolicy", Some(NS), "toolrun-gateway-relay");
+    assert_eq!(egress["spec"]["policyTypes"], json!(["Egress"]));
+    assert_eq!(
+        egress["spec"]["egress"],
+        json!([{"to": [{"podSelector": {"matchLabels": selector("operator")}}],
+                "ports": [{"protocol": "TCP", "port": 50052}]}])
+    );
+    // The token: generated, long, the one Secret both pods mount.
+    let secret = find(&objs, "Secret", Some(NS), "toolrun-session-relay");
+    let token = secret["data"]["token"].as_str().expect("token");
+    assert!(token.len() >= 64, "a 48-character token, base64: {token}");
+    for name in ["toolrun-gateway", "toolrun-operator"] {
+        let d = find(&objs, "Deployment", Some(NS), name);
+        let spec = &d["spec"]["template"]["spec"];
+        let vol = spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "relay-token")
+            .unwrap_or_else(|| panic!("{name}: no relay-token volume"));
+        assert_eq!(
+            vol["secret"]["secretName"], "toolrun-session-relay",
+            "{name}"
+        );
+        let mount = spec["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == "relay-token")
+            .unwrap_or_else(|| panic!("{name}: relay-token not mounted"));
+        assert_eq!(mount["mountPath"], "/etc/toolrun-relay");
+        assert_eq!(mount["readOnly"], true);
+    }
+    let op = find(&objs, "Deployment", Some(NS), "toolrun-operator");
+    let args: Vec<&str> = op["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(
+        args.windows(2)
+            .any(|w| w == ["--relay-listen", "0.0.0.0:50052"]),
+        "{args:?}"
+    );
+    assert!(
+        args.windows(2)
+            .any(|w| w == ["--relay-token-file", "/etc/toolrun-relay/token"]),
+        "{args:?}"
+    );
+    let cm = find(&objs, "ConfigMap", Some(NS), "toolrun-gateway");
+    let config =
+        helm::parse_manifests(cm["data"]["toolrun.yaml"].as_str().unwrap()).unwrap()[0].clone();
+    assert_eq!(
+        config["sandbox"]["kubernetes"]["sessionRelay"],
+        json!({"address": format!("http://toolrun-operator-relay.{NS}.svc:50052"),
+               "tokenFile": "/etc/toolrun-relay/token"})
+    );
+    // Only the operator attaches; the gateway can neither attach nor exec.
+    let gateway = grants(find(&objs, "Role", Some(SANDBOX_NS), "toolrun-gateway"));
+    assert!(
+        !gateway
+            .iter()
+            .any(|g| g.contains("pods/attach") || g.contains("pods/exec")),
+        "{gateway:?}"
+    );
+    assert!(
+        grants(find(&objs, "Role", Some(SANDBOX_NS), "toolrun-operator"))
+            .contains("/pods/attach:create")
+    );
+
+    // Control: sessions off, and nothing of the relay is rendered.
+    let objs = render(&helm, &[("sessions.enabled", json!(false))])
+        .await
+        .expect("helm template");
+    for o in &objs {
+        let text = o.to_string();
+        assert!(!text.contains("relay"), "{}", o["metadata"]);
+    }
 }

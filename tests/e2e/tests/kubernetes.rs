@@ -2265,3 +2265,197 @@ async fn custom_tools_declared_as_tool_resources_are_served_and_show_their_statu
     .await;
     assert!(!r.ok, "{r:?}");
 }
+
+/// One call in session `sid`: its result and output.
+async fn session_call(
+    c: &mut ToolServiceClient<tonic::transport::Channel>,
+    sid: &str,
+    tool: &str,
+    args: Value,
+) -> Result<(pb::ToolResult, Value)> {
+    let r = tokio::time::timeout(
+        Duration::from_secs(120),
+        c.call_tool(pb::CallToolRequest {
+            call_id: unique(&format!("s-{tool}")),
+            tool: tool.into(),
+            arguments_json: args.to_string(),
+            timeout_ms: 0,
+            session_id: sid.into(),
+        }),
+    )
+    .await
+    .context("no answer within 120 s")?
+    .context("CallTool")?
+    .into_inner()
+    .result
+    .context("no result")?;
+    let out = if r.output_json.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&r.output_json)?
+    };
+    Ok((r, out))
+}
+
+/// Sessions on Kubernetes: CreateSession makes a ToolSession the operator runs as an agent
+/// pod; the file tools go through the operator's relay; run_code and shell are ToolRuns
+/// naming the session and see the same files; CloseSession deletes the ToolSession (and so
+/// its pod). Needs the ToolSession controller of the operator.
+#[tokio::test]
+async fn sessions_on_kubernetes_file_tools_runs_and_close() {
+    let Some(d) = deployed("sessions_on_kubernetes_file_tools_runs_and_close") else {
+        return;
+    };
+    let kube = Client::try_default().await.expect("kube client");
+    let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let mut c = client(&d).await;
+    let t = Instant::now();
+    let s = tokio::time::timeout(
+        Duration::from_secs(180),
+        c.create_session(pb::CreateSessionRequest {
+            session_id: String::new(),
+            // Nothing asks: this test is about the backend, approvals have their own.
+            approval_mode: pb::ApprovalMode::All as i32,
+            idle_timeout_seconds: 600,
+        }),
+    )
+    .await
+    .expect("CreateSession within 180 s")
+    .expect("CreateSession")
+    .into_inner();
+    eprintln!("CreateSession: {:?}", t.elapsed());
+    let sid = s.session_id.clone();
+    // Its ToolSession: Ready, a pod, the caller's id.
+    let list = sessions
+        .list(&ListParams::default().labels(&format!("toolrun.dev/session-id={sid}")))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1, "one ToolSession for {sid}");
+    let ts = &list.items[0];
+    let ts_name = ts.name_any();
+    let pod = ts
+        .ready_pod()
+        .expect("a Ready ToolSession has a pod")
+        .to_string();
+    assert_eq!(ts.spec.session_id, sid);
+
+    // The file tools through the relay.
+    let (r, out) = session_call(
+        &mut c,
+        &sid,
+        "write_file",
+        json!({"path": "src/data.txt", "content": "alpha\nbeta\n", "createDirs": true}),
+    )
+    .await
+    .unwrap();
+    assert!(r.ok, "write_file: {r:?}");
+    assert_eq!(out["created"], true, "{out}");
+    let (r, out) = session_call(&mut c, &sid, "read_file", json!({"path": "src/data.txt"}))
+        .await
+        .unwrap();
+    assert!(r.ok, "read_file: {r:?}");
+    assert_eq!(out["content"], "     1\talpha\n     2\tbeta\n", "{out}");
+    let (r, out) = session_call(
+        &mut c,
+        &sid,
+        "edit",
+        json!({"path": "src/data.txt", "old_string": "beta", "new_string": "gamma"}),
+    )
+    .await
+    .unwrap();
+    assert!(r.ok, "edit: {r:?}");
+    assert_eq!(out["replacements"], 1, "{out}");
+    let (r, out) = session_call(&mut c, &sid, "grep", json!({"pattern": "gamma"}))
+        .await
+        .unwrap();
+    assert!(r.ok, "grep: {r:?}");
+    assert_eq!(out["matches"][0]["path"], "src/data.txt", "{out}");
+    let (r, _) = session_call(
+        &mut c,
+        &sid,
+        "read_file",
+        json!({"path": "../../etc/passwd"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        r.error.map(|e| e.code),
+        Some(pb::ErrorCode::InvalidPath as i32),
+        "escapes are INVALID_PATH, as locally"
+    );
+
+    // run_code and shell see the files, and write files the file tools see.
+    let (r, out) = session_call(
+        &mut c,
+        &sid,
+        "run_code",
+        json!({"language": "python", "code": "import os\nprint(open('src/data.txt').read(), end='')\nopen('made.txt','w').write('by python')\nprint(os.getcwd())"}),
+    )
+    .await
+    .unwrap();
+    assert!(r.ok, "run_code: {r:?} {out}");
+    assert_eq!(out["stdout"], "alpha\ngamma\n/workspace\n", "{out}");
+    let (r, out) = session_call(
+        &mut c,
+        &sid,
+        "shell",
+        json!({"command": "cat made.txt; ls src", "cwd": "."}),
+    )
+    .await
+    .unwrap();
+    assert!(r.ok, "shell: {r:?} {out}");
+    assert_eq!(out["stdout"], "by pythondata.txt\n", "{out}");
+    let (r, out) = session_call(
+        &mut c,
+        &sid,
+        "shell",
+        json!({"command": "pwd", "cwd": "src"}),
+    )
+    .await
+    .unwrap();
+    assert!(r.ok, "shell in src: {r:?}");
+    assert_eq!(out["stdout"], "/workspace/src\n", "{out}");
+    let (r, out) = session_call(&mut c, &sid, "read_file", json!({"path": "made.txt"}))
+        .await
+        .unwrap();
+    assert!(r.ok && out["content"] == "     1\tby python", "{r:?} {out}");
+    // Every execution is a ToolRun naming the session.
+    let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let session_runs = runs
+        .list(&ListParams::default().labels(&format!("toolrun.dev/session={ts_name}")))
+        .await
+        .unwrap();
+    assert_eq!(session_runs.items.len(), 3, "run_code and two shells");
+    for run in &session_runs.items {
+        assert_eq!(run.spec.session.as_deref(), Some(ts_name.as_str()));
+    }
+
+    // Close: the ToolSession goes, then its pod.
+    c.close_session(pb::CloseSessionRequest {
+        session_id: sid.clone(),
+    })
+    .await
+    .expect("CloseSession");
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    wait_until(
+        Duration::from_secs(120),
+        "the ToolSession and its pod gone",
+        || {
+            let (sessions, pods, ts_name, pod) =
+                (sessions.clone(), pods.clone(), ts_name.clone(), pod.clone());
+            async move {
+                Ok(sessions.get_opt(&ts_name).await?.is_none()
+                    && pods.get_opt(&pod).await?.is_none())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let (r, _) = session_call(&mut c, &sid, "read_file", json!({"path": "made.txt"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.error.map(|e| e.code),
+        Some(pb::ErrorCode::SessionNotFound as i32)
+    );
+}

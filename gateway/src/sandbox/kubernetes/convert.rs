@@ -106,11 +106,23 @@ pub fn tool_run(
     }
     // The CRD requires non-empty code; a lone newline is an empty program in all three
     // languages (exit 0, no output), as an empty string is on the local backend.
-    let code = if spec.code.is_empty() {
+    let mut code = if spec.code.is_empty() {
         "\n".to_string()
     } else {
         spec.code.clone()
     };
+    // A run in a session starts in the workspace (the operator's working directory for
+    // session runs); a shell asked for a directory below it changes there first.
+    if run.session.is_some()
+        && run.language == "bash"
+        && spec.workdir != crate::session::WORKSPACE_IN_SANDBOX
+        && spec
+            .workdir
+            .starts_with(&format!("{}/", crate::session::WORKSPACE_IN_SANDBOX))
+    {
+        let quoted = spec.workdir.replace('\'', "'\\''");
+        code = format!("cd '{quoted}' || exit 1\n{code}");
+    }
     let call_id = match run.call_id.char_indices().nth(MAX_CALL_ID_CHARS) {
         Some((cut, _)) => run.call_id[..cut].to_string(),
         None if run.call_id.is_empty() => name.to_string(),
@@ -132,11 +144,20 @@ pub fn tool_run(
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(cfg.namespace.clone()),
-            labels: Some(BTreeMap::from([
-                (CREATED_BY.to_string(), CREATED_BY_VALUE.to_string()),
-                (labels::CALL_ID.to_string(), labels::label_value(&call_id)),
-                (labels::TENANT.to_string(), labels::label_value(&run.tenant)),
-            ])),
+            labels: Some(
+                BTreeMap::from([
+                    (CREATED_BY.to_string(), CREATED_BY_VALUE.to_string()),
+                    (labels::CALL_ID.to_string(), labels::label_value(&call_id)),
+                    (labels::TENANT.to_string(), labels::label_value(&run.tenant)),
+                ])
+                .into_iter()
+                .chain(
+                    run.session
+                        .iter()
+                        .map(|s| (labels::SESSION.to_string(), s.clone())),
+                )
+                .collect(),
+            ),
             ..ObjectMeta::default()
         },
         spec: ToolRunSpec {
@@ -150,6 +171,7 @@ pub fn tool_run(
             limits,
             ttl_seconds_after_finished: cfg.ttl_seconds_after_finished,
             runtime_class_name: cfg.runtime_class_name.clone(),
+            session: run.session.clone(),
             cancel: false,
         },
         status: None,
@@ -286,7 +308,48 @@ mod tests {
             call_id: "call 1".into(),
             tenant: "team-a".into(),
             workspace: None,
+            session: None,
         }
+    }
+
+    #[test]
+    fn a_session_run_names_its_toolsession_and_starts_in_its_directory() {
+        let cfg = KubernetesConfig::default();
+        // One-shot: no session, no label, the code as given.
+        let tr = tool_run("run-1", &run("pwd"), &cfg).unwrap();
+        assert_eq!(tr.spec.session, None);
+        assert!(!tr.metadata.labels.unwrap().contains_key(labels::SESSION));
+        assert_eq!(tr.spec.code, "pwd");
+        // In a session at /workspace: named in spec and label, the code unchanged.
+        let mut r = run("pwd");
+        r.session = Some("ts-s-1-abc".into());
+        r.spec.workdir = "/workspace".into();
+        let tr = tool_run("run-2", &r, &cfg).unwrap();
+        assert_eq!(tr.spec.session.as_deref(), Some("ts-s-1-abc"));
+        assert_eq!(tr.metadata.labels.unwrap()[labels::SESSION], "ts-s-1-abc");
+        assert_eq!(tr.spec.code, "pwd");
+        // A shell's cwd below it: the program changes there first (quoted).
+        r.spec.workdir = "/workspace/it's here".into();
+        let tr = tool_run("run-3", &r, &cfg).unwrap();
+        assert_eq!(tr.spec.code, "cd '/workspace/it'\\''s here' || exit 1\npwd");
+        let out = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "mkdir -p \"$T/workspace/it's here\" && cd \"$T\" && {}",
+                tr.spec.code.replace("/workspace", "./workspace")
+            ))
+            .env(
+                "T",
+                std::env::temp_dir().join(format!("conv-{}", std::process::id())),
+            )
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&out.stdout)
+                .trim_end()
+                .ends_with("/workspace/it's here"),
+            "{out:?}"
+        );
     }
 
     #[test]

@@ -228,6 +228,7 @@ fn probe_run() -> SandboxRun {
         call_id: "startup-probe".into(),
         tenant: String::new(),
         workspace: None,
+        session: None,
     }
 }
 
@@ -329,8 +330,11 @@ impl Sandbox for KubernetesSandbox {
         cancel: CancellationToken,
     ) -> Result<RunRecord, SandboxError> {
         if run.workspace.is_some() {
+            // A host directory means nothing to a pod: sessions here are ToolSessions.
             return Err(SandboxError::Rejected(
-                "sessions are not supported by the kubernetes backend yet".into(),
+                "a local workspace cannot be used by the kubernetes backend (sessions are \
+                 ToolSessions: SandboxRun.session)"
+                    .into(),
             ));
         }
         let inner = &self.inner;

@@ -166,6 +166,7 @@ mod tests {
                 limits: Default::default(),
                 ttl_seconds_after_finished: None,
                 runtime_class_name: None,
+                session: None,
                 cancel: false,
             },
         );

@@ -192,9 +192,16 @@ impl KubeSessions {
             },
             status: None,
         };
+        // A caller that goes away while the pod starts leaves no ToolSession behind.
+        let mut guard = DeleteOnDrop {
+            api: Some(self.api.clone()),
+            name: name.clone(),
+        };
         match self.api.create(&PostParams::default(), &object).await {
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 409 => {
+                // Someone else's (another gateway's): not ours to delete.
+                guard.api = None;
                 return Err(SessionError::AlreadyExists(id.to_string()));
             }
             Err(e) => {
@@ -215,7 +222,10 @@ impl KubeSessions {
         )
         .await;
         let problem = match waited {
-            Ok(Ok(Some(s))) if s.ready_pod().is_some() => return Ok(name),
+            Ok(Ok(Some(s))) if s.ready_pod().is_some() => {
+                guard.api = None;
+                return Ok(name);
+            }
             Ok(Ok(Some(s))) => {
                 let st = s.status.unwrap_or_default();
                 format!(
@@ -242,6 +252,7 @@ impl KubeSessions {
                 )
             }
         };
+        guard.api = None;
         self.delete(&name).await;
         Err(SessionError::Backend(format!(
             "session {id:?} (ToolSession {}/{name}) could not start: {problem}",
@@ -319,6 +330,27 @@ impl KubeSessions {
                 })
             })
             .collect())
+    }
+}
+
+/// Deletes a ToolSession whose creation was abandoned (the future dropped).
+struct DeleteOnDrop {
+    api: Option<Api<ToolSession>>,
+    name: String,
+}
+
+impl Drop for DeleteOnDrop {
+    fn drop(&mut self) {
+        if let Some(api) = self.api.take()
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let name = std::mem::take(&mut self.name);
+            rt.spawn(async move {
+                if let Err(e) = api.delete(&name, &DeleteParams::background()).await {
+                    tracing::warn!(toolsession = %name, error = %e, "deleting an abandoned ToolSession failed");
+                }
+            });
+        }
     }
 }
 

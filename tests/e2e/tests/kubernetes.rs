@@ -2418,7 +2418,13 @@ async fn sessions_on_kubernetes_file_tools_runs_and_close() {
     let (r, out) = session_call(&mut c, &sid, "read_file", json!({"path": "made.txt"}))
         .await
         .unwrap();
-    assert!(r.ok && out["content"] == "     1\tby python", "{r:?} {out}");
+    assert!(
+        r.ok && out["content"]
+            .as_str()
+            .unwrap_or("")
+            .contains("1\tby python"),
+        "{r:?} {out}"
+    );
     // Every execution is a ToolRun naming the session.
     let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let session_runs = runs

@@ -239,7 +239,12 @@ pub fn run_spec(run: &ToolRun, config: &OperatorConfig) -> Result<RunSpec, Build
         env,
         stdin: run.spec.stdin.clone(),
         interpreter: image.interpreter.clone(),
-        workdir: "/tmp".into(),
+        // In a session the program works in the session's workspace.
+        workdir: if run.spec.session.is_some() {
+            "/workspace".into()
+        } else {
+            "/tmp".into()
+        },
         limits: RunnerLimits {
             timeout_ms: u64::from(limits.timeout_seconds) * 1000,
             output_limit_bytes: u64::from(limits.output_bytes),

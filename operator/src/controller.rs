@@ -103,8 +103,11 @@ pub struct Context {
     pub followers: Arc<Followers>,
     /// The warm pods (kept by [`warmpool::keep`] while leading).
     pub pool: Arc<Pool>,
-    /// Runs carried to claimed warm pods' agents.
+    /// Runs carried to claimed warm pods' and session pods' agents.
     pub agent_runs: Arc<AgentRuns>,
+    /// One attach stream per agent pod in this process, shared by the session relay and
+    /// the runs carried to agents (two attaches to one pod's stdin would interleave).
+    pub relay_pool: crate::relay::Pool,
 }
 
 impl Context {
@@ -120,6 +123,8 @@ impl Context {
             controller: FIELD_MANAGER.into(),
             instance: Some(instance),
         };
+        let relay_pool =
+            crate::session::relay_server::session_pool(client.clone(), &config.namespace);
         Context {
             recorder: Recorder::new(client.clone(), reporter),
             client,
@@ -135,6 +140,7 @@ impl Context {
             )),
             pool: Arc::new(Pool::default()),
             agent_runs: Arc::new(AgentRuns::new(config.namespace.clone())),
+            relay_pool,
         }
     }
 
@@ -244,6 +250,7 @@ pub async fn run_controller(
         ctx.pool.clone(),
         pool_stop.clone(),
     ));
+    let sessions_task = tokio::spawn(crate::toolsession::run(ctx.clone(), pool_stop.clone()));
     let controller = Controller::new(ctx.runs(), watcher::Config::default());
     *ctx.store.lock().unwrap_or_else(|e| e.into_inner()) = Some(controller.store());
     controller
@@ -264,6 +271,7 @@ pub async fn run_controller(
     agent_runs.end_term();
     pool_stop.cancel();
     let _ = pool_task.await;
+    let _ = sessions_task.await;
 }
 
 /// One reconcile of one ToolRun.
@@ -341,9 +349,19 @@ async fn reconcile_inner(cached: &ToolRun, name: &str, ctx: &Context) -> Result<
     .then(|| decide::warm_language(&run, &ctx.config))
     .flatten()
     .and_then(|lang| ctx.pool.pick(lang));
+    // A run in a session not bound yet: the session's Ready pod, or why there is none.
+    let (session_pod, session_view) =
+        if run.spec.session.is_some() && !finished && !decide::is_bound(status) {
+            session_of(&run, ctx).await?
+        } else {
+            (None, None)
+        };
     let warm = decide::Warm {
-        candidate: candidate.as_ref(),
+        candidate: candidate.as_ref().or(session_pod.as_ref()),
         failure: failure.as_deref(),
+        session: session_view
+            .as_ref()
+            .map(|r| r.as_ref().map(|_| ()).map_err(String::as_str)),
     };
     let decision = decide::decide(
         &run,
@@ -421,7 +439,32 @@ async fn execute(
             start_from_container(run, pod, &mut status, ctx);
             finish(run, status, None, ctx).await
         }
-        Decision::Finish { status, delete_pod } => finish(run, *status, delete_pod, ctx).await,
+        Decision::Finish { status, delete_pod } => {
+            // A cancelled run in a session pod: the pod stays, the run is killed in it.
+            let sent = run.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running);
+            if run.spec.session.is_some()
+                && decide::is_bound(run.status.as_ref())
+                && sent
+                && status.verdict == Some(Verdict::Cancelled)
+                && let (Some(pod_name), Some(uid)) = (
+                    run.status.as_ref().and_then(|s| s.pod_name.clone()),
+                    run.metadata.uid.clone(),
+                )
+            {
+                let conn = ctx.relay_pool.get(&pod_name);
+                tokio::spawn(async move {
+                    let agent = crate::relay::Agent::from_connection(conn);
+                    let req = toolrun_runner::agent::proto::Request {
+                        id: agent.connection().new_id("kill"),
+                        op: toolrun_runner::agent::proto::Op::Kill { target: uid },
+                    };
+                    if let Err(e) = agent.connection().call(req, |_| {}).await {
+                        warn!(pod = %pod_name, error = %e, "killing a cancelled session run failed");
+                    }
+                });
+            }
+            finish(run, *status, delete_pod, ctx).await
+        }
         Decision::Retry { reason, next_pod } => {
             let now = Timestamp::now();
             let status = ToolRunStatus {
@@ -522,7 +565,8 @@ async fn execute(
                 });
             match request {
                 Ok(request) => {
-                    if ctx.agent_runs.ensure(&ctx.pods(), &name, pod, request) {
+                    let conn = ctx.relay_pool.get(&pod_name);
+                    if ctx.agent_runs.ensure(conn, &name, pod, request) {
                         debug!(run = %name, pod = %pod_name, "sent the run to the warm pod's agent");
                     }
                     Ok(Action::requeue(RESYNC))
@@ -615,6 +659,48 @@ async fn create_pod(
     };
     write_status(run, status, ctx).await?;
     Ok(Action::requeue(RESYNC))
+}
+
+/// The session of a run with `spec.session`: its pod when Ready, `Err` when the session
+/// cannot take the run (missing, another tenant's, failed), `Ok` while it starts.
+async fn session_of(
+    run: &ToolRun,
+    ctx: &Context,
+) -> Result<(Option<Pod>, Option<Result<(), String>>), Error> {
+    use toolrun_crd::session::{SessionPhase, ToolSession};
+    let name = run.spec.session.clone().unwrap_or_default();
+    let sessions: Api<ToolSession> = Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    let Some(ts) = sessions
+        .get_opt(&name)
+        .await
+        .map_err(kube_err(format!("reading ToolSession {name}")))?
+    else {
+        return Ok((None, Some(Err("no such ToolSession".into()))));
+    };
+    let tenant = |labels: &std::collections::BTreeMap<String, String>| {
+        labels.get(labels::TENANT).cloned().unwrap_or_default()
+    };
+    if tenant(ts.labels()) != tenant(run.labels()) {
+        return Ok((None, Some(Err("it belongs to another tenant".into()))));
+    }
+    let status = ts.status.unwrap_or_default();
+    match (status.phase, status.pod_name) {
+        (Some(SessionPhase::Ready), Some(pod)) => {
+            let pod = ctx
+                .pods()
+                .get_opt(&pod)
+                .await
+                .map_err(kube_err(format!("reading pod {pod}")))?;
+            Ok((pod, Some(Ok(()))))
+        }
+        (Some(SessionPhase::Failed | SessionPhase::Closed), _) => Ok((
+            None,
+            Some(Err(status
+                .message
+                .unwrap_or_else(|| "the session ended".into()))),
+        )),
+        _ => Ok((None, Some(Ok(())))),
+    }
 }
 
 /// Makes the warm pod `pod_name` the run's: its owner (so it goes with the run) and its
@@ -759,6 +845,7 @@ async fn delete_pod(ctx: &Context, pod_name: &str) -> Result<(), Error> {
     {
         Ok(_) => {
             info!(pod = %pod_name, "deleted pod");
+            ctx.relay_pool.forget(pod_name);
             Ok(())
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),

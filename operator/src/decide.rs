@@ -190,6 +190,24 @@ pub struct Warm<'a> {
     /// Why carrying the run's request to its bound pod's agent failed (unreachable after
     /// the relay's retries, or a protocol error).
     pub failure: Option<&'a str>,
+    /// A run in a session (`spec.session`) not bound yet: `Err` with why the session cannot
+    /// take it (missing, another tenant's, failed), `Ok` while it is starting; its Ready
+    /// pod comes as `candidate`.
+    pub session: Option<Result<(), &'a str>>,
+}
+
+/// The pod serves `run`'s session (`spec.session`).
+pub fn is_session_pod_of(pod: &Pod, run: &ToolRun) -> bool {
+    run.spec.session.as_deref().is_some_and(|s| {
+        pod.labels()
+            .get(toolrun_crd::labels::SESSION)
+            .map(String::as_str)
+            == Some(s)
+            && pod
+                .owner_references()
+                .iter()
+                .any(|o| o.kind == "ToolSession" && o.controller == Some(true) && o.name == s)
+    })
 }
 
 /// The language whose warm pool may serve `run`, if any: a pool is configured for it and
@@ -295,6 +313,23 @@ pub fn decide(
     }
     if is_bound(Some(status)) {
         return decide_bound(run, status, pod, live_record, warm.failure, now);
+    }
+    if let Some(session) = &run.spec.session {
+        // A session's run goes to the session's pod, never to a pod of its own.
+        if run.spec.cancel {
+            return finish(cancelled(), None);
+        }
+        if let Some(c) = warm.candidate
+            && is_session_pod_of(c, run)
+        {
+            return Decision::Bind {
+                pod_name: c.name_any(),
+            };
+        }
+        return match warm.session {
+            Some(Err(why)) => finish(infra(format!("session {session}: {why}")), None),
+            _ => Decision::Wait(Some(Duration::from_secs(1))),
+        };
     }
     if let Some(p) = pod
         && !is_owned_by(p, run)
@@ -436,6 +471,7 @@ fn decide_bound(
     let sent = status.phase == Some(Phase::Running);
     let unbind =
         |reason: String, delete_pod: Option<String>| Decision::Unbind { reason, delete_pod };
+    let in_session = run.spec.session.is_some();
     let Some(p) = pod else {
         return if sent {
             finish(
@@ -447,11 +483,13 @@ fn decide_bound(
             )
         } else if run.spec.cancel {
             finish(cancelled(), None)
+        } else if in_session {
+            finish(infra(format!("session pod {bound} is gone")), None)
         } else {
             unbind(format!("warm pod {bound} is gone"), None)
         };
     };
-    if !is_owned_by(p, run) {
+    if !is_owned_by(p, run) && !is_session_pod_of(p, run) {
         if run.spec.cancel {
             return finish(cancelled(), None);
         }
@@ -475,8 +513,10 @@ fn decide_bound(
         );
     }
     let going = p.metadata.deletion_timestamp.is_some();
+    // A session's pod is the session's: never deleted for one of its runs.
+    let ours = !in_session;
     if run.spec.cancel {
-        let delete = (!going && !is_terminal(p)).then(|| bound.clone());
+        let delete = (ours && !going && !is_terminal(p)).then(|| bound.clone());
         return finish(cancelled(), delete);
     }
     if let Some(record) = live_record {
@@ -486,7 +526,7 @@ fn decide_bound(
         };
     }
     if let Some(why) = failure {
-        let delete = (!going).then(|| bound.clone());
+        let delete = (ours && !going).then(|| bound.clone());
         return finish(
             infra(format!("the agent of warm pod {bound} failed: {why}")),
             delete,
@@ -791,7 +831,12 @@ pub fn bound_condition(run: &ToolRun, bound: bool, message: &str, now: Timestamp
     Condition {
         type_: BOUND.into(),
         status: if bound { "True" } else { "False" }.into(),
-        reason: if bound { "WarmPod" } else { "ClaimFailed" }.into(),
+        reason: match (bound, run.spec.session.is_some()) {
+            (true, true) => "SessionPod",
+            (true, false) => "WarmPod",
+            (false, _) => "ClaimFailed",
+        }
+        .into(),
         message: message.to_string(),
         observed_generation: run.metadata.generation,
         last_transition_time: Time(now),

@@ -8,6 +8,8 @@
 //! - [`decide`]: the reconciler's decision, pure; [`controller`]: the kube-runtime
 //!   controller that observes and carries the decisions out; [`follow`]: followers of
 //!   running pods' logs, so results are recorded as soon as the runner writes them;
+//! - [`toolsession`]: ToolSessions into agent pods with a workspace, and their idle expiry;
+//!   [`session`]: the relay serving the gateway's file tools in those pods;
 //! - [`warmpool`]: ready agent pods that one-shot runs bind to instead of starting a pod,
 //!   and the runs carried to them through [`relay`] (pods/attach);
 //! - [`leader`]: Lease-based leader election; [`ratelimit`]: the client-side token
@@ -27,6 +29,7 @@ pub mod record;
 pub mod relay;
 pub mod session;
 pub mod status;
+pub mod toolsession;
 pub mod warmpool;
 
 use std::future::Future;
@@ -166,13 +169,6 @@ pub async fn run(
         // operator still runs, but says so.
         warn!(error = %e, "could not apply the deny-all NetworkPolicy");
     }
-    if let Some(relay) = &ctl.relay {
-        // Served by every replica: a pod's one attach stream is per process (relay::Pool).
-        let pool = session::relay_server::session_pool(client.clone(), &config.namespace);
-        session::relay_server::start(client.clone(), &config.namespace, relay, pool, stop.clone())
-            .await
-            .map_err(Error::Relay)?;
-    }
     let ctx = Arc::new(Context::new(
         client.clone(),
         config,
@@ -180,6 +176,19 @@ pub async fn run(
         identity.name.clone(),
         metrics.clone(),
     ));
+    if let Some(relay) = &ctl.relay {
+        // Served by every replica: a pod's one attach stream is per process (relay::Pool),
+        // shared with this process's runs in sessions and warm pods.
+        session::relay_server::start(
+            client.clone(),
+            &ctx.config.namespace,
+            relay,
+            ctx.relay_pool.clone(),
+            stop.clone(),
+        )
+        .await
+        .map_err(Error::Relay)?;
+    }
 
     let result = if ctl.leader_election.enabled {
         match leader::Leadership::start(client, &ctl.leader_election, &identity).await {

@@ -699,6 +699,7 @@ fn a_new_run_binds_a_ready_warm_pod_before_claiming_it() {
         Warm {
             candidate: Some(&w),
             failure: None,
+            session: None,
         },
         None,
     );
@@ -730,6 +731,7 @@ fn a_new_run_binds_a_ready_warm_pod_before_claiming_it() {
             Warm {
                 candidate: Some(c),
                 failure: None,
+                session: None,
             },
             None,
         );
@@ -748,6 +750,7 @@ fn a_new_run_binds_a_ready_warm_pod_before_claiming_it() {
         Warm {
             candidate: Some(&w),
             failure: None,
+            session: None,
         },
         None,
     );
@@ -828,6 +831,7 @@ fn a_claimed_pod_goes_running_before_the_request_and_then_runs_on_the_agent() {
         Warm {
             candidate: None,
             failure: Some("unreachable after 6 attempts"),
+            session: None,
         },
         None,
     );
@@ -910,4 +914,126 @@ fn bound_and_retried_conditions_survive_later_writes() {
     );
     assert!(is_bound(Some(&next)));
     assert_eq!(next.pod_name.as_deref(), Some("warm-python-a"));
+}
+
+// ---- Runs in a session go to the session's pod ----
+
+fn session_run() -> ToolRun {
+    let mut r = run();
+    r.spec.session = Some("ts-abc".into());
+    r
+}
+
+fn session_pod() -> Pod {
+    let mut p = pod("ts-abc", "Running", None);
+    p.metadata.labels = Some(
+        [(
+            toolrun_crd::labels::SESSION.to_string(),
+            "ts-abc".to_string(),
+        )]
+        .into(),
+    );
+    p.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "toolrun.dev/v1alpha1".into(),
+        kind: "ToolSession".into(),
+        name: "ts-abc".into(),
+        uid: "s-uid".into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
+    p.status.as_mut().unwrap().container_statuses = Some(vec![ContainerStatus {
+        name: builders::AGENT_CONTAINER.into(),
+        state: Some(running()),
+        ..ContainerStatus::default()
+    }]);
+    p
+}
+
+#[test]
+fn a_session_run_binds_the_session_pod_and_never_a_pod_of_its_own() {
+    let sp = session_pod();
+    let r = session_run();
+    let w = Warm {
+        candidate: Some(&sp),
+        failure: None,
+        session: Some(Ok(())),
+    };
+    assert_eq!(
+        decide_warm(&r, None, w, None),
+        Decision::Bind {
+            pod_name: "ts-abc".into()
+        }
+    );
+    // Starting: wait. Missing or failed: INFRA_ERROR naming why. Never CreatePod.
+    let starting = Warm {
+        candidate: None,
+        failure: None,
+        session: Some(Ok(())),
+    };
+    assert!(matches!(
+        decide_warm(&r, None, starting, None),
+        Decision::Wait(Some(_))
+    ));
+    let gone = Warm {
+        candidate: None,
+        failure: None,
+        session: Some(Err("no such ToolSession")),
+    };
+    let (v, reason, _) = finished_reason(&decide_warm(&r, None, gone, None));
+    assert_eq!(v, Verdict::InfraError);
+    assert!(reason.contains("ts-abc: no such ToolSession"), "{reason}");
+    // Another session's pod is not bound.
+    let mut other = session_pod();
+    other.metadata.labels =
+        Some([(toolrun_crd::labels::SESSION.to_string(), "ts-x".to_string())].into());
+    let w = Warm {
+        candidate: Some(&other),
+        failure: None,
+        session: Some(Ok(())),
+    };
+    assert!(matches!(decide_warm(&r, None, w, None), Decision::Wait(_)));
+}
+
+#[test]
+fn a_session_run_runs_on_the_agent_and_leaves_the_pod_alone() {
+    let sp = session_pod();
+    let mut s = bound(Phase::Pending, "ts-abc");
+    let r = with_status(session_run(), s.clone());
+    // No claim: straight to Running, then the agent.
+    assert!(matches!(
+        decide_warm(&r, Some(&sp), Warm::default(), None),
+        Decision::Progress {
+            phase: Phase::Running,
+            ..
+        }
+    ));
+    s.phase = Some(Phase::Running);
+    let r = with_status(session_run(), s.clone());
+    assert_eq!(
+        decide_warm(&r, Some(&sp), Warm::default(), None),
+        Decision::RunOnAgent {
+            pod_name: "ts-abc".into()
+        }
+    );
+    // Cancelled or failed: the session's pod is not deleted.
+    let mut c = r.clone();
+    c.spec.cancel = true;
+    let (v, _, delete) = finished_reason(&decide_warm(&c, Some(&sp), Warm::default(), None));
+    assert_eq!((v, delete), (Verdict::Cancelled, None));
+    let f = Warm {
+        candidate: None,
+        failure: Some("unreachable"),
+        session: None,
+    };
+    let (v, _, delete) = finished_reason(&decide_warm(&r, Some(&sp), f, None));
+    assert_eq!((v, delete), (Verdict::InfraError, None));
+    // Finished: the pod stays for the session's next call.
+    s.phase = Some(Phase::Succeeded);
+    s.verdict = Some(Verdict::Ok);
+    s.completion_time = Some(Time(ts(4)));
+    let r = with_status(session_run(), s);
+    assert!(matches!(
+        decide_warm(&r, Some(&sp), Warm::default(), None),
+        Decision::Wait(_)
+    ));
 }

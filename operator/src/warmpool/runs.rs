@@ -11,15 +11,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use toolrun_crd::ToolRun;
 use toolrun_runner::RunRecord;
 use toolrun_runner::agent::proto::{Body, Op, Request};
 use tracing::{debug, warn};
 
-use crate::builders::AGENT_CONTAINER;
 use crate::relay;
 
 struct Entry {
@@ -104,11 +103,12 @@ impl AgentRuns {
         });
     }
 
-    /// Sends `request` to the agent of `pod` (claimed by the ToolRun `run`) unless it is
-    /// being or was sent in this term, or no term is on. Returns whether a call started.
+    /// Sends `request` over `conn` to the agent of `pod` (bound to the ToolRun `run`)
+    /// unless it is being or was sent in this term, or no term is on. Returns whether a
+    /// call started.
     pub fn ensure(
         self: &Arc<Self>,
-        pods: &Api<Pod>,
+        conn: relay::Connection,
         run: &str,
         pod: &Pod,
         request: Request,
@@ -133,13 +133,10 @@ impl AgentRuns {
             );
         }
         let runs = Arc::clone(self);
-        let pods = pods.clone();
         let run = run.to_string();
         tokio::spawn(async move {
             let call = async {
-                let mut agent = relay::Agent::attach(pods, &pod_name, AGENT_CONTAINER)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let mut agent = relay::Agent::from_connection(conn);
                 let response = agent
                     .call(request, |_| {})
                     .await

@@ -132,10 +132,9 @@ fn operator_sandbox_grants() -> BTreeSet<String> {
         (
             "toolrun.dev",
             &["toolsessions", "toolsessions/status"],
-            &["get", "list", "watch", "patch"],
+            &["get", "list", "watch", "patch", "delete"],
         ),
-        // The session relay, in the sandbox namespace only.
-        ("", &["pods/attach"], &["create"]),
+        ("", &["persistentvolumeclaims"], &["get", "create"]),
         (
             "",
             &["configmaps"],

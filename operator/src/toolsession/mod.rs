@@ -1,0 +1,467 @@
+//! ToolSessions: one locked-down agent pod per session, with its workspace volume, and the
+//! session's idle expiry.
+//!
+//! - The pod is [`crate::builders::agent_pod`] (the lockdown of every sandbox pod, a uid of
+//!   its own, no token, the deny-all policy) named after the ToolSession, owned by it (so
+//!   deleting the session deletes the pod and its volume), labelled with the session and its
+//!   tenant, its agent serving `--workspace /workspace`. The workspace is an emptyDir with
+//!   the session's `sizeMiB` as its limit (the pod's ephemeral storage grows by as much), or
+//!   a PersistentVolumeClaim of `workspace.storageClassName` owned by the session, which
+//!   outlives a pod: a lost pod is then made again on the same claim.
+//! - The status: Pending until the agent runs, Ready with `podName`, Failed with a message
+//!   (the pod cannot start, or died with an emptyDir workspace), `lastActivity` (the
+//!   gateway's `toolrun.dev/last-activity` annotation, else creation) and `expiresAt`.
+//! - A session idle past its `idleTimeoutSeconds` is deleted here, so sessions end even when
+//!   no gateway runs.
+//!
+//! [`decide`] is the pure half and unit tested; [`run`] watches ToolSessions and their pods
+//! while this replica leads.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{
+    EmptyDirVolumeSource, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimVolumeSource, Pod, Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Config as RuntimeConfig, Controller};
+use kube::runtime::watcher;
+use kube::{Api, Resource, ResourceExt};
+use toolrun_crd::labels;
+use toolrun_crd::session::{SessionPhase, ToolSession, ToolSessionStatus};
+use tracing::{debug, info, warn};
+
+use crate::builders::{self, AGENT_CONTAINER};
+use crate::config::OperatorConfig;
+use crate::controller::{Context, FIELD_MANAGER};
+use crate::decide::{is_terminal, pending_problem};
+
+/// Where programs and file tools see the workspace.
+pub const WORKSPACE: &str = "/workspace";
+/// Workspace size when the session does not say, MiB.
+pub const DEFAULT_WORKSPACE_MIB: u32 = 256;
+/// Idle timeout when the session does not say (the gateway always does).
+pub const DEFAULT_IDLE_SECONDS: u32 = 3600;
+/// A session is looked at at least this often (idle expiry).
+const RESYNC: Duration = Duration::from_secs(60);
+
+/// What to do about a session.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionDecision {
+    /// Idle past its timeout: delete the ToolSession (its pod and claim go with it).
+    Expire,
+    /// Make the workspace claim (PVC sessions) when missing, then the pod.
+    CreatePod,
+    /// Delete the pod (it failed with a claim that outlives it: it is made again).
+    DeletePod(String),
+    /// Write this status (phase, podName, message; the times are added).
+    Status(ToolSessionStatus),
+    /// Nothing to do: look again after this long at the latest.
+    Wait(Duration),
+}
+
+/// When the session was last used: the gateway's annotation, else its creation.
+pub fn last_activity(ts: &ToolSession) -> Option<Timestamp> {
+    ts.annotations()
+        .get(labels::LAST_ACTIVITY)
+        .and_then(|v| v.parse::<Timestamp>().ok())
+        .or_else(|| ts.metadata.creation_timestamp.as_ref().map(|t| t.0))
+}
+
+/// When it expires unless used.
+pub fn expires_at(ts: &ToolSession) -> Option<Timestamp> {
+    let idle = ts.spec.idle_timeout_seconds.unwrap_or(DEFAULT_IDLE_SECONDS);
+    last_activity(ts)?
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(i64::from(
+            idle,
+        )))
+        .ok()
+}
+
+fn agent_running(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .into_iter()
+        .flatten()
+        .any(|c| c.name == AGENT_CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some()))
+}
+
+/// What to do about `ts`, whose pod is `pod`, at `now`.
+pub fn decide(
+    ts: &ToolSession,
+    pod: Option<&Pod>,
+    now: Timestamp,
+    grace: Duration,
+) -> SessionDecision {
+    let name = ts.name_any();
+    let status = ts.status.clone().unwrap_or_default();
+    if expires_at(ts).is_some_and(|e| now >= e) {
+        return SessionDecision::Expire;
+    }
+    let persistent = ts.spec.workspace.storage_class_name.is_some();
+    let failed = |message: String| {
+        SessionDecision::Status(ToolSessionStatus {
+            phase: Some(SessionPhase::Failed),
+            pod_name: status.pod_name.clone(),
+            message: Some(message),
+            ..ToolSessionStatus::default()
+        })
+    };
+    if status.phase == Some(SessionPhase::Failed) {
+        return SessionDecision::Wait(RESYNC);
+    }
+    let want = |phase: SessionPhase, message: Option<String>| {
+        let s = ToolSessionStatus {
+            phase: Some(phase),
+            pod_name: Some(name.clone()),
+            message,
+            ..ToolSessionStatus::default()
+        };
+        let same = status.phase == s.phase
+            && status.pod_name == s.pod_name
+            && status.message == s.message
+            && status.expires_at.as_ref().map(|t| t.0) == expires_at(ts);
+        if same {
+            SessionDecision::Wait(RESYNC)
+        } else {
+            SessionDecision::Status(s)
+        }
+    };
+    let Some(p) = pod else {
+        if status.phase == Some(SessionPhase::Ready) && !persistent {
+            return failed(format!(
+                "session pod {name} disappeared; its workspace (an emptyDir) went with it"
+            ));
+        }
+        return SessionDecision::CreatePod;
+    };
+    let owned = p
+        .owner_references()
+        .iter()
+        .any(|o| o.controller == Some(true) && Some(&o.uid) == ts.metadata.uid.as_ref());
+    if !owned {
+        return failed(format!(
+            "a pod named {name} exists and is not this session's"
+        ));
+    }
+    if is_terminal(p) || p.metadata.deletion_timestamp.is_some() {
+        if persistent {
+            return if p.metadata.deletion_timestamp.is_some() {
+                SessionDecision::Wait(Duration::from_secs(1))
+            } else {
+                SessionDecision::DeletePod(name)
+            };
+        }
+        let reason = p
+            .status
+            .as_ref()
+            .and_then(|s| s.reason.clone().or(s.message.clone()))
+            .unwrap_or_else(|| "stopped".into());
+        return failed(format!(
+            "session pod {name} ended ({reason}); its workspace (an emptyDir) went with it"
+        ));
+    }
+    if agent_running(p) {
+        return want(SessionPhase::Ready, None);
+    }
+    if let Some(problem) = pending_problem(p) {
+        let age = p
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| (now.as_millisecond() - t.0.as_millisecond()).max(0) as u64)
+            .unwrap_or(0);
+        if Duration::from_millis(age) >= grace {
+            return failed(problem);
+        }
+        return want(SessionPhase::Pending, Some(problem));
+    }
+    want(SessionPhase::Pending, None)
+}
+
+fn owner(ts: &ToolSession) -> OwnerReference {
+    OwnerReference {
+        api_version: ToolSession::api_version(&()).into(),
+        kind: ToolSession::kind(&()).into(),
+        name: ts.name_any(),
+        uid: ts.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// Name of a persistent session's workspace claim.
+pub fn claim_name(session: &str) -> String {
+    format!("{session}-workspace")
+}
+
+/// The session's pod: an agent pod with the workspace volume at [`WORKSPACE`].
+pub fn session_pod(ts: &ToolSession, config: &OperatorConfig) -> Result<Pod, builders::BuildError> {
+    let name = ts.name_any();
+    let tenant = ts.labels().get(labels::TENANT).cloned().unwrap_or_default();
+    let pod_labels = BTreeMap::from([
+        (labels::SESSION.to_string(), labels::label_value(&name)),
+        (labels::TENANT.to_string(), tenant),
+    ]);
+    let mut pod = builders::agent_pod(&name, "python", pod_labels, config)?;
+    let size = ts.spec.workspace.size_mib.unwrap_or(DEFAULT_WORKSPACE_MIB);
+    // The pod's own resources: the session's limits (runs take theirs from the request).
+    let limits = builders::resolve_limits(&ts.spec.limits, config)?;
+    pod.metadata.owner_references = Some(vec![owner(ts)]);
+    let spec = pod.spec.as_mut().expect("agent_pod sets the spec");
+    if let Some(rc) = &ts.spec.runtime_class_name {
+        if config.runtime_class_name.as_deref() != Some(rc.as_str())
+            && !config.allowed_runtime_class_names.contains(rc)
+        {
+            return Err(builders::BuildError::RuntimeClassNotAllowed(rc.clone()));
+        }
+        spec.runtime_class_name = Some(rc.clone());
+    }
+    let persistent = ts.spec.workspace.storage_class_name.is_some();
+    let volume = if persistent {
+        Volume {
+            name: "workspace".into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim_name(&name),
+                read_only: Some(false),
+            }),
+            ..Volume::default()
+        }
+    } else {
+        Volume {
+            name: "workspace".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: None,
+                size_limit: Some(Quantity(format!("{size}Mi"))),
+            }),
+            ..Volume::default()
+        }
+    };
+    spec.volumes.get_or_insert_with(Vec::new).push(volume);
+    // Writable by the pod's uid on a claim too.
+    if let Some(sc) = spec.security_context.as_mut() {
+        sc.fs_group = sc.run_as_user;
+    }
+    let c = &mut spec.containers[0];
+    c.command
+        .get_or_insert_with(Vec::new)
+        .extend(["--workspace".to_string(), WORKSPACE.to_string()]);
+    c.working_dir = Some(WORKSPACE.into());
+    c.volume_mounts
+        .get_or_insert_with(Vec::new)
+        .push(VolumeMount {
+            name: "workspace".into(),
+            mount_path: WORKSPACE.into(),
+            ..VolumeMount::default()
+        });
+    if let Some(res) = c.resources.as_mut() {
+        let mut amounts = res.limits.clone().unwrap_or_default();
+        amounts.insert("cpu".into(), Quantity(format!("{}m", limits.cpu_millis)));
+        amounts.insert(
+            "memory".into(),
+            Quantity(format!("{}Mi", limits.memory_mib)),
+        );
+        if !persistent {
+            // The emptyDir counts against the pod's ephemeral storage.
+            let eph = config.ephemeral_storage_mib + size;
+            amounts.insert("ephemeral-storage".into(), Quantity(format!("{eph}Mi")));
+        }
+        res.requests = Some(amounts.clone());
+        res.limits = Some(amounts);
+    }
+    Ok(pod)
+}
+
+/// The workspace claim of a persistent session.
+pub fn workspace_claim(ts: &ToolSession) -> PersistentVolumeClaim {
+    let size = ts.spec.workspace.size_mib.unwrap_or(DEFAULT_WORKSPACE_MIB);
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(claim_name(&ts.name_any())),
+            namespace: ts.namespace(),
+            labels: Some(BTreeMap::from([(
+                labels::SESSION.to_string(),
+                labels::label_value(&ts.name_any()),
+            )])),
+            owner_references: Some(vec![owner(ts)]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".into()]),
+            storage_class_name: ts.spec.workspace.storage_class_name.clone(),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(format!("{size}Mi")),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct SessionError(String);
+
+fn err(what: &str) -> impl FnOnce(kube::Error) -> SessionError + '_ {
+    move |e| SessionError(format!("{what}: {e}"))
+}
+
+async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, SessionError> {
+    if ts.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let ns = ctx.config.namespace.clone();
+    let name = ts.name_any();
+    let sessions: Api<ToolSession> = Api::namespaced(ctx.client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let pod = pods.get_opt(&name).await.map_err(err("reading the pod"))?;
+    let decision = decide(&ts, pod.as_ref(), Timestamp::now(), ctx.pending_grace);
+    debug!(session = %name, ?decision, "session decided");
+    match decision {
+        SessionDecision::Expire => {
+            info!(session = %name, "idle past its timeout: deleting the session");
+            let dp = DeleteParams {
+                preconditions: ts.metadata.uid.clone().map(|uid| kube::api::Preconditions {
+                    uid: Some(uid),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match sessions.delete(&name, &dp).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(err("deleting the session")(e)),
+            }
+            ctx.relay_pool.forget(&name);
+            Ok(Action::await_change())
+        }
+        SessionDecision::CreatePod => {
+            let pod = match session_pod(&ts, &ctx.config) {
+                Ok(p) => p,
+                Err(e) => {
+                    let st = ToolSessionStatus {
+                        phase: Some(SessionPhase::Failed),
+                        message: Some(format!("invalid ToolSession: {e}")),
+                        ..ToolSessionStatus::default()
+                    };
+                    write_status(&sessions, &ts, st).await?;
+                    return Ok(Action::requeue(RESYNC));
+                }
+            };
+            if ts.spec.workspace.storage_class_name.is_some() {
+                let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
+                match pvcs
+                    .create(&PostParams::default(), &workspace_claim(&ts))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(s)) if s.code == 409 => {}
+                    Err(e) => return Err(err("creating the workspace claim")(e)),
+                }
+            }
+            let pp = PostParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PostParams::default()
+            };
+            match pods.create(&pp, &pod).await {
+                Ok(_) => info!(session = %name, "created the session pod"),
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(err("creating the session pod")(e)),
+            }
+            let st = ToolSessionStatus {
+                phase: Some(SessionPhase::Pending),
+                pod_name: Some(name.clone()),
+                ..ToolSessionStatus::default()
+            };
+            write_status(&sessions, &ts, st).await?;
+            Ok(Action::requeue(RESYNC))
+        }
+        SessionDecision::DeletePod(p) => {
+            let dp = DeleteParams {
+                grace_period_seconds: Some(0),
+                ..DeleteParams::default()
+            };
+            match pods.delete(&p, &dp).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(err("deleting the session pod")(e)),
+            }
+            ctx.relay_pool.forget(&p);
+            Ok(Action::requeue(Duration::from_secs(1)))
+        }
+        SessionDecision::Status(st) => {
+            if st.phase == Some(SessionPhase::Failed) {
+                warn!(session = %name, message = ?st.message, "session failed");
+            }
+            write_status(&sessions, &ts, st).await?;
+            Ok(Action::requeue(Duration::from_secs(1)))
+        }
+        SessionDecision::Wait(d) => {
+            let until_expiry = expires_at(&ts)
+                .map(|e| (e.as_millisecond() - Timestamp::now().as_millisecond()).max(0) as u64)
+                .map(Duration::from_millis)
+                .unwrap_or(d);
+            Ok(Action::requeue(
+                d.min(until_expiry + Duration::from_millis(200)),
+            ))
+        }
+    }
+}
+
+async fn write_status(
+    sessions: &Api<ToolSession>,
+    ts: &ToolSession,
+    mut st: ToolSessionStatus,
+) -> Result<(), SessionError> {
+    st.last_activity = last_activity(ts).map(Time);
+    st.expires_at = expires_at(ts).map(Time);
+    st.observed_generation = ts.metadata.generation;
+    let patch = serde_json::json!({
+        "apiVersion": ToolSession::api_version(&()),
+        "kind": ToolSession::kind(&()),
+        "metadata": {"name": ts.name_any(), "resourceVersion": ts.metadata.resource_version},
+        "status": st,
+    });
+    sessions
+        .patch_status(
+            &ts.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(err("writing the session status"))?;
+    Ok(())
+}
+
+fn error_policy(ts: Arc<ToolSession>, e: &SessionError, _ctx: Arc<Context>) -> Action {
+    warn!(session = %ts.name_any(), error = %e, "session reconcile failed");
+    Action::requeue(Duration::from_secs(2))
+}
+
+/// Reconciles ToolSessions until `stop` (one term of leadership).
+pub async fn run(ctx: Arc<Context>, stop: tokio_util::sync::CancellationToken) {
+    let ns = ctx.config.namespace.clone();
+    let sessions: Api<ToolSession> = Api::namespaced(ctx.client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    Controller::new(sessions, watcher::Config::default())
+        .owns(pods, watcher::Config::default().labels(labels::SESSION))
+        .with_config(RuntimeConfig::default().concurrency(8))
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| async {})
+        .await;
+}
+
+#[cfg(test)]
+mod tests;

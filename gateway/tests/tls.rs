@@ -818,3 +818,91 @@ async fn broken_or_partial_tls_settings_stop_the_start() {
     .unwrap();
     ok.shutdown();
 }
+
+/// `toolrun call` with TLS flags or their environment variables.
+async fn cli_call(args: Vec<String>, env: Vec<(&'static str, PathBuf)>) -> (i32, String) {
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_toolrun"))
+            .args(&args)
+            .envs(env)
+            .env_remove("TOOLRUN_API_KEY")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn the_cli_takes_tls_flags_and_environment() {
+    let pki = Pki::new();
+    let gw = start_gw(
+        &pki,
+        CONFIG,
+        Serve {
+            client_auth: Some(ClientAuth::Required),
+            ..Serve::default()
+        },
+    )
+    .await;
+    let leaf = pki.ca.leaf("agent-calc", &[], &[], false);
+    let tls = pki.files.client("ca.pem", Some(("calc", &leaf)));
+    let (cert, key) = (tls.tls_cert.unwrap(), tls.tls_key.unwrap());
+    let ca = pki.files.path("ca.pem");
+    let call = |flags: Vec<String>| {
+        let mut a = vec!["call".to_string(), "--addr".into(), gw.grpc_url()];
+        a.extend(flags);
+        a.extend(["calculator".into(), r#"{"expression":"6*7"}"#.into()]);
+        a
+    };
+    let p = |p: &PathBuf| p.display().to_string();
+    let (code, out) = cli_call(
+        call(vec![
+            "--tls-ca".into(),
+            p(&ca),
+            "--tls-cert".into(),
+            p(&cert),
+            "--tls-key".into(),
+            p(&key),
+        ]),
+        vec![],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("42"), "{out}");
+    let (code, out) = cli_call(
+        call(vec![]),
+        vec![
+            ("TOOLRUN_TLS_CA", ca.clone()),
+            ("TOOLRUN_TLS_CERT", cert.clone()),
+            ("TOOLRUN_TLS_KEY", key.clone()),
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    // Refusals: no client certificate (connection error, exit 3); half a client identity
+    // (usage, exit 2).
+    let (code, out) = cli_call(call(vec!["--tls-ca".into(), p(&ca)]), vec![]).await;
+    assert_eq!(code, 3, "{out}");
+    assert!(out.contains("CertificateRequired"), "{out}");
+    let (code, out) = cli_call(
+        call(vec![
+            "--tls-ca".into(),
+            p(&ca),
+            "--tls-cert".into(),
+            p(&cert),
+        ]),
+        vec![],
+    )
+    .await;
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("go together"), "{out}");
+}

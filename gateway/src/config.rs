@@ -770,6 +770,7 @@ mod tests {
         assert_eq!(c.sessions, SessionsConfig::default());
         assert_eq!(c.mcp, McpConfig::default());
         assert_eq!(c.auth, crate::auth::AuthConfig::default());
+        assert_eq!(c.tls, crate::auth::TlsConfig::default());
         assert_eq!(c.audit, crate::audit::AuditConfig::default());
         assert_eq!(c.web, crate::tools::web::WebConfig::default());
         assert_eq!(

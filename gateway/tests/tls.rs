@@ -168,7 +168,7 @@ auth:
 
 struct Gw {
     running: Running,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Gw {
@@ -178,6 +178,15 @@ impl Gw {
 
     fn mcp(&self) -> std::net::SocketAddr {
         self.running.mcp_addr.unwrap()
+    }
+
+    /// The audit file's events.
+    fn audit(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.path().join("audit.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
     }
 
     async fn client(&self, key: Option<&str>, tls: &ClientTls) -> Result<Client, String> {
@@ -222,6 +231,7 @@ async fn try_start(pki: &Pki, yaml: &str, s: Serve<'_>) -> Result<Gw, ServeError
         drain_timeout_ms: 500,
         no_sandbox: true,
         state_dir: Some(dir.path().join("state")),
+        audit_file: Some(dir.path().join("audit.jsonl")),
         api_keys: s.keys.map(Path::to_path_buf),
         tls_cert: Some(pki.files.path("server.crt")),
         tls_key: Some(pki.files.path("server.key")),
@@ -230,7 +240,7 @@ async fn try_start(pki: &Pki, yaml: &str, s: Serve<'_>) -> Result<Gw, ServeError
         ..ServeArgs::default()
     })
     .await?;
-    Ok(Gw { running, _dir: dir })
+    Ok(Gw { running, dir })
 }
 
 async fn start_gw(pki: &Pki, yaml: &str, s: Serve<'_>) -> Gw {
@@ -444,6 +454,16 @@ async fn client_certificates_authenticate_as_their_mapped_tenant() {
         .unwrap();
     let code = toolrun::grpc::error_code_name(r.error.as_ref().unwrap().code);
     assert_eq!(code, "FORBIDDEN", "{r:?}");
+    // The audit names the certificate's tenant, for the call and for the refusal.
+    let audit = gw.audit();
+    for (tool, verdict) in [("calculator", "OK"), ("echo", "FORBIDDEN")] {
+        assert!(
+            audit.iter().any(|e| e["tenant"] == "calc-only"
+                && e["tool"] == tool
+                && e["verdict"] == verdict),
+            "{tool}: {audit:#?}"
+        );
+    }
     // Control: the SPIFFE-named team-a may use echo (every tool).
     let mut a = gw.client(None, &a_tls).await.unwrap();
     let r = a

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use toolrun_proto::v1 as pb;
 
-use crate::cli::{CliError, Client, connect};
+use crate::cli::{CliError, Client, ClientTls, connect_with};
 use crate::serve::{ServeArgs, start};
 
 /// Settings of `toolrun bench`.
@@ -30,6 +30,9 @@ pub struct BenchArgs {
     /// API key of the gateway at `--addr` (gRPC and MCP).
     #[arg(long, env = "TOOLRUN_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// TLS to the gateway at `--addr` (gRPC scenarios; an `https://` address).
+    #[command(flatten)]
+    pub tls: ClientTls,
     /// Seconds per inline scenario.
     #[arg(long, default_value_t = 5.0)]
     pub seconds: f64,
@@ -113,7 +116,7 @@ const CHART_PROGRAM: &str = "import matplotlib\nmatplotlib.use('Agg')\n\
 /// directly, the same program, same runs), and a chart returned as a PNG artifact through
 /// run_code and saved bare.
 async fn interp_scenarios(addr: &str, args: &BenchArgs) -> Result<Vec<Report>, CliError> {
-    let client = connect(addr, args.api_key.as_deref()).await?;
+    let client = connect_with(addr, args.api_key.as_deref(), &args.tls).await?;
     let runs = args.interp_runs;
     let mut out = Vec::new();
     let through = |code: String, check: fn(&str) -> bool| {
@@ -279,6 +282,7 @@ fn report(
 async fn inline_scenario(
     addr: &str,
     key: Option<&str>,
+    tls: &ClientTls,
     tool: &str,
     args: &str,
     concurrency: usize,
@@ -288,7 +292,7 @@ async fn inline_scenario(
     let conns = concurrency.clamp(1, 8);
     let mut clients = Vec::with_capacity(conns);
     for _ in 0..conns {
-        clients.push(connect(addr, key).await?);
+        clients.push(connect_with(addr, key, tls).await?);
     }
     let deadline = Instant::now() + Duration::from_secs_f64(seconds);
     // Hard bound on calls per caller so the loop always ends.
@@ -436,11 +440,12 @@ async fn mcp_scenario(
 async fn sandbox_scenario(
     addr: &str,
     key: Option<&str>,
+    tls: &ClientTls,
     runs: usize,
     concurrency: usize,
 ) -> Result<Report, CliError> {
     let concurrency = concurrency.max(1);
-    let client = connect(addr, key).await?;
+    let client = connect_with(addr, key, tls).await?;
     let args = json!({"language": "python", "code": "print(1)"}).to_string();
     let call = {
         let args = args.clone();
@@ -580,7 +585,7 @@ fn grep_corpus(dir: &std::path::Path, want: usize) -> Vec<(String, String)> {
 }
 
 async fn session_scenarios(addr: &str, args: &BenchArgs) -> Result<Vec<Report>, CliError> {
-    let mut client = connect(addr, args.api_key.as_deref()).await?;
+    let mut client = connect_with(addr, args.api_key.as_deref(), &args.tls).await?;
     let mut out = Vec::new();
     let runs = args.session_runs.max(1);
 
@@ -885,6 +890,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         let r = inline_scenario(
             &addr,
             key,
+            &args.tls,
             "echo",
             r#"{"message":"hello"}"#,
             c,
@@ -907,6 +913,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         let r = inline_scenario(
             &addr,
             key,
+            &args.tls,
             "calculator",
             r#"{"expression":"2 + 3 * sqrt(16)"}"#,
             c,
@@ -920,7 +927,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         for &c in &args.sandbox_concurrency {
             let before = args.rss_pid.and_then(rss_kib);
             let sampler = args.rss_pid.map(sample_rss);
-            let r = sandbox_scenario(&addr, key, args.sandbox_runs, c).await?;
+            let r = sandbox_scenario(&addr, key, &args.tls, args.sandbox_runs, c).await?;
             if c == 1 || sandbox_p50 == 0 {
                 sandbox_p50 = r.p50_us;
             }
@@ -969,7 +976,8 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         }
     }
     if !args.no_sandbox && !args.no_custom {
-        let reports = custom_scenario(&addr, args.sandbox_runs, args.api_key.as_deref()).await?;
+        let reports =
+            custom_scenario(&addr, args.sandbox_runs, args.api_key.as_deref(), &args.tls).await?;
         for r in &reports {
             print_report(r, args.json);
         }
@@ -1043,9 +1051,10 @@ async fn custom_scenario(
     addr: &str,
     runs: usize,
     api_key: Option<&str>,
+    tls: &ClientTls,
 ) -> Result<[Report; 2], CliError> {
     const SETTLE: Duration = Duration::from_millis(100);
-    let mut client = connect(addr, api_key).await?;
+    let mut client = connect_with(addr, api_key, tls).await?;
     let stdin = json!({"n": 1}).to_string();
     let run_code_args = json!({"language": "bash", "code": BENCH_CUSTOM_SCRIPT, "stdin": stdin});
     let custom_args = json!({"n": 1});

@@ -326,6 +326,78 @@ pub struct Conn {
     /// a command line is visible to other users of the machine).
     #[arg(long, env = "TOOLRUN_API_KEY", hide_env_values = true, global = true)]
     pub api_key: Option<String>,
+    /// TLS to the gateway.
+    #[command(flatten)]
+    pub tls: ClientTls,
+}
+
+impl Conn {
+    /// Connects to the gateway with the key and TLS settings.
+    pub async fn connect(&self) -> Result<Client, CliError> {
+        connect_with(&self.addr, self.api_key.as_deref(), &self.tls).await
+    }
+}
+
+/// TLS settings of a client: an `https://` address, or any of these, makes the connection
+/// TLS (the CA and the client certificate in PEM files).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClientTls {
+    /// CA certificates (PEM) the gateway's certificate must chain to (default, with an
+    /// `https://` address: the Mozilla roots compiled in).
+    #[arg(long, env = "TOOLRUN_TLS_CA", global = true)]
+    pub tls_ca: Option<PathBuf>,
+    /// Client certificate chain (PEM) for a gateway that verifies client certificates
+    /// (mutual TLS); with `--tls-key`.
+    #[arg(long, env = "TOOLRUN_TLS_CERT", global = true)]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of `--tls-cert`.
+    #[arg(long, env = "TOOLRUN_TLS_KEY", global = true)]
+    pub tls_key: Option<PathBuf>,
+    /// Name the gateway's certificate must carry (default: the address's host).
+    #[arg(long, env = "TOOLRUN_TLS_SERVER_NAME", global = true)]
+    pub tls_server_name: Option<String>,
+}
+
+impl ClientTls {
+    /// Any TLS setting is given.
+    pub fn any(&self) -> bool {
+        self.tls_ca.is_some()
+            || self.tls_cert.is_some()
+            || self.tls_key.is_some()
+            || self.tls_server_name.is_some()
+    }
+
+    /// tonic's client TLS settings.
+    pub fn client_config(&self) -> Result<tonic::transport::ClientTlsConfig, CliError> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        let read = |flag: &str, path: &PathBuf| {
+            std::fs::read(path)
+                .map_err(|e| CliError::Usage(format!("{flag} {}: {e}", path.display())))
+        };
+        let mut config = ClientTlsConfig::new();
+        config = match &self.tls_ca {
+            Some(ca) => config.ca_certificate(Certificate::from_pem(read("--tls-ca", ca)?)),
+            None => config.with_webpki_roots(),
+        };
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => {
+                config = config.identity(Identity::from_pem(
+                    read("--tls-cert", cert)?,
+                    read("--tls-key", key)?,
+                ));
+            }
+            (None, None) => {}
+            _ => {
+                return Err(CliError::Usage(
+                    "--tls-cert and --tls-key go together".into(),
+                ));
+            }
+        }
+        if let Some(name) = &self.tls_server_name {
+            config = config.domain_name(name.clone());
+        }
+        Ok(config)
+    }
 }
 
 /// `toolrun tools --format`.
@@ -409,8 +481,19 @@ impl tonic::service::Interceptor for ApiKey {
 /// A gateway client that sends the API key.
 pub type Client = ToolServiceClient<InterceptedService<Channel, ApiKey>>;
 
-/// Connects to the gateway; `api_key` goes with every request.
+/// Connects to the gateway (plain, or TLS for an `https://` address); `api_key` goes with
+/// every request.
 pub async fn connect(addr: &str, api_key: Option<&str>) -> Result<Client, CliError> {
+    connect_with(addr, api_key, &ClientTls::default()).await
+}
+
+/// Connects to the gateway with `tls` (an `http://` address with TLS settings is refused:
+/// it would send the key in clear).
+pub async fn connect_with(
+    addr: &str,
+    api_key: Option<&str>,
+    tls: &ClientTls,
+) -> Result<Client, CliError> {
     let key = match api_key.map(str::trim).filter(|k| !k.is_empty()) {
         None => None,
         Some(k) => Some(
@@ -419,9 +502,24 @@ pub async fn connect(addr: &str, api_key: Option<&str>) -> Result<Client, CliErr
                 .map_err(|_| CliError::Usage("the API key is not printable ASCII".into()))?,
         ),
     };
-    let endpoint = Channel::from_shared(addr.to_string())
+    let https = addr.starts_with("https://");
+    if tls.any() && !https {
+        return Err(CliError::Usage(format!(
+            "--tls-ca, --tls-cert, --tls-key and --tls-server-name need an https:// address, \
+             not {addr:?}"
+        )));
+    }
+    let mut endpoint = Channel::from_shared(addr.to_string())
         .map_err(|e| CliError::Usage(format!("bad --addr {addr:?}: {e}")))?
         .tcp_nodelay(true);
+    if https {
+        endpoint = endpoint
+            .tls_config(tls.client_config()?)
+            .map_err(|source| CliError::Connect {
+                addr: addr.to_string(),
+                source,
+            })?;
+    }
     let channel = endpoint
         .connect()
         .await
@@ -532,7 +630,7 @@ pub async fn run_client(command: Command) -> Result<i32, CliError> {
             call_id,
             ..
         } => {
-            let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
+            let mut client = conn.connect().await?;
             let resp = client
                 .call_tool(pb::CallToolRequest {
                     call_id,
@@ -604,7 +702,7 @@ fn print_approval_notice(a: &pb::Approval) {
 
 /// A call through StreamTool, saying on stderr when it waits for approval; returns the result.
 async fn call_streaming(conn: &Conn, req: pb::CallToolRequest) -> Result<pb::ToolResult, CliError> {
-    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
+    let mut client = conn.connect().await?;
     let mut stream = client.stream_tool(req).await?.into_inner();
     while let Some(event) = stream.message().await? {
         match event.event {
@@ -650,7 +748,7 @@ fn session_json(s: &pb::Session) -> Value {
 }
 
 async fn session(conn: &Conn, action: SessionAction) -> Result<i32, CliError> {
-    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
+    let mut client = conn.connect().await?;
     match action {
         SessionAction::Create {
             id,
@@ -764,7 +862,7 @@ async fn approvals(
     watch: bool,
     as_json: bool,
 ) -> Result<i32, CliError> {
-    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
+    let mut client = conn.connect().await?;
     if !watch {
         let list = client
             .list_approvals(pb::ListApprovalsRequest {
@@ -808,7 +906,7 @@ async fn decide(
             return Err(CliError::Usage("--args must be a JSON object".into()));
         }
     }
-    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
+    let mut client = conn.connect().await?;
     let r = client
         .decide_approval(pb::DecideApprovalRequest {
             approval_id,
@@ -830,7 +928,7 @@ async fn decide(
 }
 
 async fn run_streaming(conn: &Conn, arguments: Value, session_id: String) -> Result<i32, CliError> {
-    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
+    let mut client = conn.connect().await?;
     let mut stream = client
         .stream_tool(pb::CallToolRequest {
             call_id: String::new(),
@@ -901,7 +999,7 @@ async fn call_from(
         std::fs::read_to_string(file)
             .map_err(|e| CliError::Usage(format!("cannot read {file}: {e}")))?
     };
-    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
+    let mut client = conn.connect().await?;
     let resp = client
         .call_provider_tools(pb::CallProviderToolsRequest {
             provider: provider.name().into(),
@@ -921,7 +1019,7 @@ async fn call_from(
 }
 
 async fn tools(conn: &Conn, format: ToolsFormat, all: bool) -> Result<i32, CliError> {
-    let mut client = connect(&conn.addr, conn.api_key.as_deref()).await?;
+    let mut client = conn.connect().await?;
     let wire_format = match format {
         ToolsFormat::Table | ToolsFormat::Json => pb::ToolFormat::Unspecified,
         ToolsFormat::Openai => pb::ToolFormat::Openai,

@@ -63,6 +63,8 @@ pub struct Config {
     pub mcp: McpConfig,
     /// API keys and tenants.
     pub auth: crate::auth::AuthConfig,
+    /// TLS and client certificates on the gRPC and HTTP listeners.
+    pub tls: crate::auth::TlsConfig,
     /// The durable audit file.
     pub audit: crate::audit::AuditConfig,
     /// Tools declared without Rust, run in the sandbox: each entry is a
@@ -744,6 +746,7 @@ impl Config {
         self.sessions.validate()?;
         self.auth
             .validate(&self.sessions, self.sandbox.max_concurrent_runs)?;
+        self.tls.validate()?;
         self.audit.validate()?;
         if self.sandbox.max_concurrent_runs == Some(0) {
             return Err(ConfigError::Invalid {
@@ -804,6 +807,7 @@ mod tests {
         assert_eq!(c.sessions, SessionsConfig::default());
         assert_eq!(c.mcp, McpConfig::default());
         assert_eq!(c.auth, crate::auth::AuthConfig::default());
+        assert_eq!(c.tls, crate::auth::TlsConfig::default());
         assert_eq!(c.audit, crate::audit::AuditConfig::default());
         assert_eq!(c.web, crate::tools::web::WebConfig::default());
         assert_eq!(

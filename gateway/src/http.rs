@@ -103,6 +103,21 @@ pub async fn serve(
     .await
 }
 
+/// As [`serve`], over TLS: `listener` hands over connections after their handshake, each
+/// request carrying its [`crate::auth::tls::PeerInfo`] (the client certificate's names).
+pub async fn serve_tls(
+    listener: crate::auth::tls::TlsListener,
+    router: Router,
+    stop: CancellationToken,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<crate::auth::tls::PeerInfo>(),
+    )
+    .with_graceful_shutdown(stop.cancelled_owned())
+    .await
+}
+
 async fn check_host_and_origin(
     State(guard): State<Arc<Guard>>,
     req: Request,

@@ -7,15 +7,18 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use futures::FutureExt;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 use toolrun_proto::v1 as pb;
 
 use crate::admin::{self, AdminState};
 use crate::approval::Approvals;
-use crate::auth::{Auth, GrpcAuthLayer};
+use crate::auth::tls::{Door, ServerTls, TlsError, TlsListener};
+use crate::auth::{Auth, ClientAuth, GrpcAuthLayer};
 use crate::config::{BackendKind, Config, ConfigError, DEFAULT_KUBERNETES_CONCURRENT_RUNS};
 use crate::exec::Executor;
 use crate::grpc::ToolService;
@@ -78,6 +81,22 @@ pub struct ServeArgs {
     /// port runs code). Without keys, only loopback listeners are allowed otherwise.
     #[arg(long, env = "TOOLRUN_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
+    /// Server certificate chain, PEM (overrides `tls.cert_file`; with `--tls-key`): the
+    /// gRPC and HTTP listeners then speak TLS only. Reloaded when the file changes.
+    #[arg(long, env = "TOOLRUN_TLS_SERVER_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key of `--tls-cert`, PEM (overrides `tls.key_file`).
+    #[arg(long, env = "TOOLRUN_TLS_SERVER_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// CA certificates, PEM, that client certificates must chain to (overrides
+    /// `tls.client_ca_file`): mutual TLS, a certificate mapped by a tenant's `client_certs`
+    /// authenticates as that tenant.
+    #[arg(long, env = "TOOLRUN_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// With `--tls-client-ca`: whether every connection must present a client certificate
+    /// (overrides `tls.client_auth`; default required).
+    #[arg(long, env = "TOOLRUN_TLS_CLIENT_AUTH", value_enum)]
+    pub tls_client_auth: Option<ClientAuth>,
     /// Also append every call's audit event to this JSON-lines file (overrides
     /// `audit.file`; rotated at `audit.max_file_bytes`; `toolrun replay FILE` re-runs it).
     #[arg(long, env = "TOOLRUN_AUDIT_FILE")]
@@ -102,6 +121,10 @@ impl Default for ServeArgs {
             api_keys: None,
             insecure_no_auth: false,
             audit_file: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            tls_client_auth: None,
         }
     }
 }
@@ -165,12 +188,16 @@ pub enum ServeError {
     /// The API keys file could not be loaded.
     #[error("authentication: {0}")]
     Keys(#[from] crate::auth::keys::KeysError),
+    /// The TLS certificate, key or client CA could not be loaded.
+    #[error("{0}")]
+    Tls(#[from] TlsError),
     /// A non-loopback listener without authentication.
     #[error(
         "refusing to serve without authentication on {addr} (not a loopback address): anyone \
          who reaches it could run code. Give API keys (--api-keys FILE or auth.keys_file; make \
-         one with `toolrun keys create --tenant NAME --file FILE`), listen on 127.0.0.1, or \
-         pass --insecure-no-auth if something in front authenticates callers"
+         one with `toolrun keys create --tenant NAME --file FILE`) or client certificates \
+         (--tls-cert, --tls-key, --tls-client-ca), listen on 127.0.0.1, or pass \
+         --insecure-no-auth if something in front authenticates callers"
     )]
     Insecure {
         /// The listener.
@@ -285,6 +312,18 @@ pub fn effective_config(args: &ServeArgs) -> Result<Config, ConfigError> {
     if let Some(file) = &args.audit_file {
         config.audit.file = Some(file.clone());
     }
+    if let Some(cert) = &args.tls_cert {
+        config.tls.cert_file = Some(cert.clone());
+    }
+    if let Some(key) = &args.tls_key {
+        config.tls.key_file = Some(key.clone());
+    }
+    if let Some(ca) = &args.tls_client_ca {
+        config.tls.client_ca_file = Some(ca.clone());
+    }
+    if let Some(mode) = args.tls_client_auth {
+        config.tls.client_auth = mode;
+    }
     if config.sandbox.backend == BackendKind::Kubernetes
         && config.sandbox.max_concurrent_runs.is_none()
     {
@@ -294,11 +333,13 @@ pub fn effective_config(args: &ServeArgs) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
-/// The authenticator: keys when configured; without them, the safe default: only
-/// loopback listeners (gRPC and MCP) unless `--insecure-no-auth`.
+/// The authenticator: keys and client certificates (mutual TLS: a listener that verifies
+/// them refuses every caller without a mapped certificate or a key) when configured;
+/// without either, the safe default: only loopback listeners (gRPC and MCP) unless
+/// `--insecure-no-auth`.
 pub fn build_auth(args: &ServeArgs, config: &Config) -> Result<Arc<Auth>, ServeError> {
-    if let Some(path) = &config.auth.keys_file {
-        return Ok(Auth::with_keys(path, config)?);
+    if config.auth.keys_file.is_some() || config.tls.mutual() {
+        return Ok(Auth::from_config(config)?);
     }
     let exposed = std::iter::once(args.listen)
         .chain(match args.mcp_listen {
@@ -323,6 +364,7 @@ pub fn build_auth(args: &ServeArgs, config: &Config) -> Result<Arc<Auth>, ServeE
 pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     let config = effective_config(&args)?;
     let auth = build_auth(&args, &config)?;
+    let tls = ServerTls::load(&config.tls)?;
     let audit = crate::audit::AuditSink::open(&config.audit).map_err(ServeError::Audit)?;
     let metrics = Arc::new(Metrics::new());
     let mut start_allowance = Duration::ZERO;
@@ -512,6 +554,9 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         s.spawn_reaper(hard_stop.clone());
     }
     auth.spawn_reloader(hard_stop.clone());
+    if let Some(tls) = &tls {
+        tls.spawn_reloader(hard_stop.clone());
+    }
     let admin_state = Arc::new(AdminState {
         ready: false.into(),
         metrics,
@@ -548,7 +593,15 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
             &http_settings,
             auth.clone(),
         );
-        crate::http::serve(listener, router, grpc_stop.clone())
+        match &tls {
+            Some(tls) => {
+                let local = listener.local_addr();
+                let conns = tls.accept(listener, Door::Http, grpc_stop.clone());
+                let listener = TlsListener::new(conns, local.unwrap_or(([0, 0, 0, 0], 0).into()));
+                crate::http::serve_tls(listener, router, grpc_stop.clone()).boxed()
+            }
+            None => crate::http::serve(listener, router, grpc_stop.clone()).boxed(),
+        }
     });
     let service = ToolService::new(executor, hard_stop.clone()).into_server(args.max_message_bytes);
 
@@ -577,8 +630,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         });
     }
 
-    let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
-    let grpc = tonic::transport::Server::builder()
+    let grpc_router = tonic::transport::Server::builder()
         .layer(tower::layer::layer_fn(ZeroDeadline))
         .layer(GrpcAuthLayer(auth))
         .layer(tower::util::MapResponseLayer::new(
@@ -589,8 +641,25 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(service)
-        .serve_with_incoming_shutdown(incoming, grpc_stop.clone().cancelled_owned());
+        .add_service(service);
+    let grpc = match &tls {
+        Some(tls) => {
+            let conns = tls.accept(grpc_listener, Door::Grpc, grpc_stop.clone());
+            grpc_router
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::ReceiverStream::new(conns)
+                        .map(Ok::<_, std::convert::Infallible>),
+                    grpc_stop.clone().cancelled_owned(),
+                )
+                .boxed()
+        }
+        None => {
+            let incoming = TcpIncoming::from(grpc_listener).with_nodelay(Some(true));
+            grpc_router
+                .serve_with_incoming_shutdown(incoming, grpc_stop.clone().cancelled_owned())
+                .boxed()
+        }
+    };
 
     let admin_router = admin::router(admin_state.clone());
     let admin_stop = shutdown.clone();
@@ -598,7 +667,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
         .with_graceful_shutdown(async move { admin_stop.cancelled().await });
 
     admin_state.ready.store(true, Ordering::Release);
-    tracing::info!(grpc = %grpc_addr, admin = %admin_addr, mcp = ?mcp_addr, "toolrun serving");
+    tracing::info!(grpc = %grpc_addr, admin = %admin_addr, mcp = ?mcp_addr, tls = tls.is_some(), "toolrun serving");
     let mcp = async move {
         match mcp {
             Some(serving) => serving.await,

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use toolrun_crd::labels::is_dns_label;
 
+use super::mtls::CertName;
 use crate::config::{ApprovalMode, ConfigError, SessionsConfig};
 
 /// `auth:`. Authentication is on when a keys file is named here or by `--api-keys`.
@@ -50,6 +51,114 @@ pub struct TenantConfig {
     pub approval_mode: Option<ApprovalMode>,
     /// Limits; each at most the server's.
     pub limits: TenantLimits,
+    /// Client certificates that authenticate as this tenant (mutual TLS, `tls.client_ca_file`):
+    /// `CN=<common name>`, `DNS:<name>`, `URI:<uri>` or a bare URI such as a SPIFFE ID
+    /// (`spiffe://trust-domain/ns/x/sa/y`). A name belongs to one tenant at most.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub client_certs: Vec<String>,
+}
+
+/// `tls:`: TLS on the gRPC and HTTP (MCP, provider) listeners, and client certificates.
+/// The admin port stays plain HTTP (probes and metrics).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// The server's certificate chain, PEM (`--tls-cert`). With `key_file`: both listeners
+    /// speak TLS only.
+    pub cert_file: Option<PathBuf>,
+    /// Its private key, PEM: PKCS#8, PKCS#1 or SEC1 (`--tls-key`).
+    pub key_file: Option<PathBuf>,
+    /// CA certificates (PEM) that client certificates must chain to (`--tls-client-ca`):
+    /// mutual TLS, the tenant taken from the certificate (`auth.tenants.*.client_certs`).
+    pub client_ca_file: Option<PathBuf>,
+    /// With `client_ca_file`: `required` (a connection without a valid client certificate
+    /// fails its handshake) or `optional` (callers without one send an API key).
+    pub client_auth: ClientAuth,
+    /// How often the files are read again, seconds (1..=3600): a rotated certificate, key or
+    /// CA (cert-manager renewing a Secret) serves new connections within this long.
+    pub reload_interval_seconds: u64,
+    /// A TLS handshake not finished within this long is dropped, ms (100..=60000).
+    pub handshake_timeout_ms: u64,
+}
+
+impl Default for TlsConfig {
+    fn default() -> Self {
+        TlsConfig {
+            cert_file: None,
+            key_file: None,
+            client_ca_file: None,
+            client_auth: ClientAuth::Required,
+            reload_interval_seconds: 10,
+            handshake_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Whether client certificates are required (`tls.client_auth`, `--tls-client-auth`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum ClientAuth {
+    /// Every connection presents a certificate that chains to the client CA.
+    #[default]
+    Required,
+    /// A certificate, when presented, must chain to the client CA; callers without one
+    /// authenticate with an API key.
+    Optional,
+}
+
+impl TlsConfig {
+    /// TLS is on (a certificate and key are given).
+    pub fn enabled(&self) -> bool {
+        self.cert_file.is_some()
+    }
+
+    /// Client certificates are verified (mutual TLS).
+    pub fn mutual(&self) -> bool {
+        self.enabled() && self.client_ca_file.is_some()
+    }
+
+    /// Checks that the files come together and the ranges.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |key: &str, message: &str| ConfigError::Invalid {
+            key: format!("tls.{key}"),
+            message: message.into(),
+        };
+        match (&self.cert_file, &self.key_file) {
+            (Some(_), None) => {
+                return Err(invalid(
+                    "key_file",
+                    "is required with tls.cert_file (--tls-key)",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "cert_file",
+                    "is required with tls.key_file (--tls-cert)",
+                ));
+            }
+            _ => {}
+        }
+        if self.client_ca_file.is_some() && self.cert_file.is_none() {
+            return Err(invalid(
+                "client_ca_file",
+                "client certificates need TLS: give tls.cert_file and tls.key_file \
+                 (--tls-cert, --tls-key)",
+            ));
+        }
+        if !(1..=3600).contains(&self.reload_interval_seconds) {
+            return Err(invalid(
+                "reload_interval_seconds",
+                &format!("{} is out of range 1..=3600", self.reload_interval_seconds),
+            ));
+        }
+        if !(100..=60_000).contains(&self.handshake_timeout_ms) {
+            return Err(invalid(
+                "handshake_timeout_ms",
+                &format!("{} is out of range 100..=60000", self.handshake_timeout_ms),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A tenant's limits (unset: the server's own bound, or none).
@@ -115,6 +224,33 @@ impl AuthConfig {
                 });
             }
             t.validate(&key, sessions, max_concurrent_runs)?;
+        }
+        let mut owners: BTreeMap<CertName, &str> = BTreeMap::new();
+        for (name, t) in &self.tenants {
+            for (i, entry) in t.client_certs.iter().enumerate() {
+                let key = format!("auth.tenants.{name}.client_certs[{i}]");
+                let parsed = CertName::parse(entry).map_err(|message| ConfigError::Invalid {
+                    key: key.clone(),
+                    message,
+                })?;
+                if let Some(other) = owners.insert(parsed.clone(), name) {
+                    return Err(ConfigError::Invalid {
+                        key,
+                        message: format!(
+                            "{parsed} is already a client certificate of tenant {other:?}: a \
+                             certificate name maps to one tenant"
+                        ),
+                    });
+                }
+            }
+        }
+        if !self.default_tenant.client_certs.is_empty() {
+            return Err(ConfigError::Invalid {
+                key: "auth.default_tenant.client_certs".into(),
+                message:
+                    "map client certificates to a named tenant (auth.tenants.NAME.client_certs)"
+                        .into(),
+            });
         }
         Ok(())
     }
@@ -227,6 +363,18 @@ mod tests {
             ),
             ("reload_interval_seconds: 0", "auth.reload_interval_seconds"),
             ("tenants: {a: {limitz: {}}}", "auth.tenants.a"),
+            (
+                "tenants: {a: {client_certs: [agent-a]}}",
+                "auth.tenants.a.client_certs[0]",
+            ),
+            (
+                "tenants: {a: {client_certs: [CN=x]}, b: {client_certs: ['cn=x']}}",
+                "auth.tenants.b.client_certs[0]",
+            ),
+            (
+                "default_tenant: {client_certs: [CN=x]}",
+                "auth.default_tenant.client_certs",
+            ),
         ] {
             let e = Config::from_yaml(&format!("auth:\n  {yaml}\n"))
                 .unwrap_err()
@@ -242,5 +390,35 @@ mod tests {
             e.contains("exceeds the server's sandbox.max_concurrent_runs"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn tls_files_come_together() {
+        let c = Config::from_yaml(
+            "tls: {cert_file: /c.pem, key_file: /k.pem, client_ca_file: /ca.pem, client_auth: optional}\n",
+        )
+        .unwrap();
+        assert!(c.tls.enabled() && c.tls.mutual());
+        assert_eq!(c.tls.client_auth, super::ClientAuth::Optional);
+        assert!(!Config::default().tls.enabled());
+        for (yaml, key) in [
+            ("{cert_file: /c.pem}", "tls.key_file"),
+            ("{key_file: /k.pem}", "tls.cert_file"),
+            ("{client_ca_file: /ca.pem}", "tls.client_ca_file"),
+            (
+                "{cert_file: /c, key_file: /k, reload_interval_seconds: 0}",
+                "tls.reload_interval_seconds",
+            ),
+            (
+                "{cert_file: /c, key_file: /k, handshake_timeout_ms: 5}",
+                "tls.handshake_timeout_ms",
+            ),
+            ("{client_auth: sometimes}", "tls.client_auth"),
+        ] {
+            let e = Config::from_yaml(&format!("tls: {yaml}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{yaml}: {e}");
+        }
     }
 }

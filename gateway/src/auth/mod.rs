@@ -7,8 +7,14 @@
 //!   approval mode, limits. [`Auth::authenticate`] resolves it once per request; the
 //!   front doors' layers ([`GrpcAuthLayer`], [`require_key`]) put it in the request's
 //!   extensions as a [`Caller`], and the adapters hand it to the executor.
-//! - Without a keys file every caller is the anonymous tenant (allowed on loopback only,
-//!   or with `--insecure-no-auth`: see [`crate::serve`]).
+//! - Mutual TLS ([`tls`], [`mtls`]): with `--tls-client-ca`, a verified client certificate
+//!   whose names (CN, DNS or URI SAN such as a SPIFFE ID) a tenant lists in `client_certs`
+//!   authenticates as that tenant, exactly as a key would. A request with an
+//!   `authorization` header is authenticated by its key (a wrong key is refused, whatever
+//!   the certificate); without one, by the certificate. A valid certificate that no tenant
+//!   maps is refused, saying so (never which names are mapped).
+//! - Without a keys file or client certificates every caller is the anonymous tenant
+//!   (allowed on loopback only, or with `--insecure-no-auth`: see [`crate::serve`]).
 //! - A refusal says the same for a missing, malformed, unknown or revoked key (gRPC
 //!   UNAUTHENTICATED; HTTP 401 with `WWW-Authenticate: Bearer`), and the reason is logged,
 //!   never the key.
@@ -17,7 +23,9 @@
 
 pub mod config;
 pub mod keys;
+pub mod mtls;
 pub mod tenant;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -29,15 +37,22 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio_util::sync::CancellationToken;
 
-pub use config::{AuthConfig, TenantConfig, TenantLimits};
+pub use config::{AuthConfig, ClientAuth, TenantConfig, TenantLimits, TlsConfig};
 pub use tenant::{LimitError, Tenant};
 
 use crate::config::Config;
 use keys::{KeySet, KeysError};
+use mtls::{CertMap, ClientIdentity, MappingError};
 
-/// What a refused caller is told, whatever was wrong.
+/// What a refused caller is told, whatever was wrong with its key (or when it sent none).
 pub const UNAUTHENTICATED_MESSAGE: &str =
     "authentication required: send a valid API key as `authorization: Bearer <key>`";
+
+/// What a caller with a valid client certificate that no tenant maps is told (not which
+/// names are mapped).
+pub const CERT_NOT_MAPPED_MESSAGE: &str = "authentication failed: the client certificate's \
+     identity is not mapped to a tenant (ask the gateway's operator to map its CN or URI \
+     SAN), or send an API key as `authorization: Bearer <key>`";
 
 /// The authenticated caller of a request (in its extensions).
 #[derive(Debug, Clone)]
@@ -67,19 +82,34 @@ pub enum AuthError {
     /// No such key (unknown or revoked).
     #[error("unknown or revoked API key")]
     Unknown,
+    /// A verified client certificate whose names no tenant maps (or map to two tenants).
+    #[error("client certificate: {0}")]
+    Certificate(MappingError),
 }
 
 impl AuthError {
+    /// What the caller is told.
+    pub fn message(self) -> &'static str {
+        match self {
+            AuthError::Certificate(_) => CERT_NOT_MAPPED_MESSAGE,
+            _ => UNAUTHENTICATED_MESSAGE,
+        }
+    }
+
     /// The gRPC status.
     pub fn status(self) -> tonic::Status {
-        tonic::Status::unauthenticated(UNAUTHENTICATED_MESSAGE)
+        tonic::Status::unauthenticated(self.message())
     }
 }
 
 /// The authenticator of one gateway.
 pub struct Auth {
-    /// `None`: authentication is off (every caller is anonymous).
+    /// `None`: no API keys.
     keys: Option<KeysSource>,
+    /// Client certificates are verified by the listeners (mutual TLS): their names map to
+    /// tenants. Without keys and without this, authentication is off.
+    mtls: bool,
+    certs: CertMap,
     tenants: Mutex<HashMap<String, Arc<Tenant>>>,
     config: Config,
     anonymous: Arc<Tenant>,
@@ -97,6 +127,8 @@ impl Auth {
     pub fn disabled() -> Arc<Auth> {
         Arc::new(Auth {
             keys: None,
+            mtls: false,
+            certs: CertMap::default(),
             tenants: Mutex::new(HashMap::new()),
             config: Config::default(),
             anonymous: Tenant::anonymous(),
@@ -104,11 +136,50 @@ impl Auth {
     }
 
     /// Authentication with the keys in `path` (read now: a missing or broken file stops
-    /// the start) and the tenants of `config.auth`.
+    /// the start), the client certificates of `config.tls` and the tenants of
+    /// `config.auth`.
     pub fn with_keys(path: &Path, config: &Config) -> Result<Arc<Auth>, KeysError> {
-        let text = keys::read(path)?;
-        let set = KeySet::parse(path, &text)?;
-        tracing::info!(keys_file = %path.display(), keys = set.len(), "authentication on: API keys loaded");
+        Self::build(Some(path), config)
+    }
+
+    /// Authentication as `config` says: its keys file (`auth.keys_file`) and client
+    /// certificates (`tls.client_ca_file`); off (anonymous) with neither.
+    pub fn from_config(config: &Config) -> Result<Arc<Auth>, KeysError> {
+        Self::build(config.auth.keys_file.as_deref(), config)
+    }
+
+    fn build(path: Option<&Path>, config: &Config) -> Result<Arc<Auth>, KeysError> {
+        let keys = match path {
+            Some(path) => {
+                let text = keys::read(path)?;
+                let set = KeySet::parse(path, &text)?;
+                tracing::info!(keys_file = %path.display(), keys = set.len(), "authentication on: API keys loaded");
+                Some(KeysSource {
+                    path: path.to_path_buf(),
+                    set: RwLock::new(Arc::new(set)),
+                    loaded: Mutex::new(blake3::hash(text.as_bytes())),
+                })
+            }
+            None => None,
+        };
+        let mtls = config.tls.mutual();
+        let certs = CertMap::new(config.auth.tenants.iter().flat_map(|(name, t)| {
+            t.client_certs
+                .iter()
+                .map(move |c| (name.as_str(), c.as_str()))
+        }));
+        if mtls {
+            if certs.is_empty() {
+                tracing::warn!(
+                    "client certificates are verified but no tenant maps any (auth.tenants.NAME.client_certs): every certificate is refused"
+                );
+            } else {
+                tracing::info!(
+                    names = certs.len(),
+                    "authentication on: client certificates mapped to tenants"
+                );
+            }
+        }
         let tenants = config
             .auth
             .tenants
@@ -116,35 +187,48 @@ impl Auth {
             .map(|(name, t)| (name.clone(), Tenant::new(name, t, config)))
             .collect();
         Ok(Arc::new(Auth {
-            keys: Some(KeysSource {
-                path: path.to_path_buf(),
-                set: RwLock::new(Arc::new(set)),
-                loaded: Mutex::new(blake3::hash(text.as_bytes())),
-            }),
+            keys,
+            mtls,
+            certs,
             tenants: Mutex::new(tenants),
             config: config.clone(),
             anonymous: Tenant::anonymous(),
         }))
     }
 
-    /// Authentication is on.
+    /// Authentication is on (API keys, client certificates or both).
     pub fn enabled(&self) -> bool {
-        self.keys.is_some()
+        self.keys.is_some() || self.mtls
     }
 
-    /// The tenant a request's headers authenticate as.
-    pub fn authenticate(&self, headers: &http::HeaderMap) -> Result<Arc<Tenant>, AuthError> {
-        let Some(source) = &self.keys else {
+    /// The tenant a request authenticates as: by the key of its `authorization` header
+    /// when it has one, else by `peer`, the verified client certificate of its connection.
+    pub fn authenticate(
+        &self,
+        headers: &http::HeaderMap,
+        peer: Option<&ClientIdentity>,
+    ) -> Result<Arc<Tenant>, AuthError> {
+        if !self.enabled() {
             return Ok(self.anonymous.clone());
+        }
+        let Some(value) = headers.get(http::header::AUTHORIZATION) else {
+            return match peer {
+                Some(identity) if self.mtls => self
+                    .certs
+                    .tenant_of(identity)
+                    .map(|name| self.tenant(&name))
+                    .map_err(AuthError::Certificate),
+                _ => Err(AuthError::Missing),
+            };
         };
-        let value = headers
-            .get(http::header::AUTHORIZATION)
-            .ok_or(AuthError::Missing)?;
         let text = value.to_str().map_err(|_| AuthError::Malformed)?;
         let (scheme, key) = text.trim().split_once(' ').ok_or(AuthError::Malformed)?;
         if !scheme.eq_ignore_ascii_case("bearer") {
             return Err(AuthError::Malformed);
         }
+        let Some(source) = &self.keys else {
+            return Err(AuthError::Unknown);
+        };
         let set = source.set.read().unwrap_or_else(|e| e.into_inner()).clone();
         let tenant = set.tenant_of(key.trim()).ok_or(AuthError::Unknown)?;
         Ok(self.tenant(tenant))
@@ -258,13 +342,15 @@ where
         if req.uri().path().starts_with("/grpc.health.v1.Health/") {
             return futures::future::Either::Right(self.inner.call(req));
         }
-        match self.auth.authenticate(req.headers()) {
+        let peer = tls::PeerInfo::identity_of(req.extensions());
+        match self.auth.authenticate(req.headers(), peer) {
             Ok(tenant) => {
                 req.extensions_mut().insert(Caller(tenant));
                 futures::future::Either::Right(self.inner.call(req))
             }
             Err(e) => {
-                tracing::warn!(reason = %e, path = req.uri().path(), "refused a gRPC request (authentication)");
+                let cert = peer.map(ClientIdentity::describe);
+                tracing::warn!(reason = %e, client_cert = cert.as_deref(), path = req.uri().path(), "refused a gRPC request (authentication)");
                 futures::future::Either::Left(futures::future::ready(Ok(e.status().into_http())))
             }
         }
@@ -273,13 +359,15 @@ where
 
 /// HTTP (MCP and the provider endpoint): authenticates every request (axum middleware).
 pub async fn require_key(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> Response {
-    match auth.authenticate(req.headers()) {
+    let peer = tls::PeerInfo::identity_of(req.extensions());
+    match auth.authenticate(req.headers(), peer) {
         Ok(tenant) => {
             req.extensions_mut().insert(Caller(tenant));
             next.run(req).await
         }
         Err(e) => {
-            tracing::warn!(reason = %e, path = req.uri().path(), "refused an HTTP request (authentication)");
+            let cert = peer.map(ClientIdentity::describe);
+            tracing::warn!(reason = %e, client_cert = cert.as_deref(), path = req.uri().path(), "refused an HTTP request (authentication)");
             let challenge = [(http::header::WWW_AUTHENTICATE, "Bearer realm=\"toolrun\"")];
             if req.uri().path().starts_with("/mcp") {
                 return (
@@ -288,7 +376,7 @@ pub async fn require_key(State(auth): State<Arc<Auth>>, mut req: Request, next: 
                     [(http::header::CONTENT_TYPE, "application/json")],
                     serde_json::json!({
                         "jsonrpc": "2.0", "id": null,
-                        "error": {"code": -32001, "message": UNAUTHENTICATED_MESSAGE}
+                        "error": {"code": -32001, "message": e.message()}
                     })
                     .to_string(),
                 )
@@ -299,7 +387,7 @@ pub async fn require_key(State(auth): State<Arc<Auth>>, mut req: Request, next: 
                 challenge,
                 axum::Json(serde_json::json!({"error": {
                     "code": "unauthenticated",
-                    "message": UNAUTHENTICATED_MESSAGE,
+                    "message": e.message(),
                 }})),
             )
                 .into_response()
@@ -319,6 +407,12 @@ mod tests {
         h
     }
 
+    impl Auth {
+        fn authenticate_headers(&self, h: &http::HeaderMap) -> Result<Arc<Tenant>, AuthError> {
+            self.authenticate(h, None)
+        }
+    }
+
     #[test]
     fn bearer_keys_reload_and_refusals_look_alike() {
         let dir = tempfile::tempdir().unwrap();
@@ -326,27 +420,27 @@ mod tests {
         let a = keys::create(&path, "team-a", Some("a")).unwrap();
         let auth = Auth::with_keys(&path, &Config::default()).unwrap();
         let t = auth
-            .authenticate(&headers(Some(&format!("Bearer {a}"))))
+            .authenticate_headers(&headers(Some(&format!("Bearer {a}"))))
             .unwrap();
         assert_eq!(t.name, "team-a");
         let t2 = auth
-            .authenticate(&headers(Some(&format!("bearer  {a} "))))
+            .authenticate_headers(&headers(Some(&format!("bearer  {a} "))))
             .unwrap();
         assert!(
             Arc::ptr_eq(&t, &t2),
             "one tenant object, one set of limiters"
         );
         assert_eq!(
-            auth.authenticate(&headers(None)).unwrap_err(),
+            auth.authenticate_headers(&headers(None)).unwrap_err(),
             AuthError::Missing
         );
         assert_eq!(
-            auth.authenticate(&headers(Some(&format!("Basic {a}"))))
+            auth.authenticate_headers(&headers(Some(&format!("Basic {a}"))))
                 .unwrap_err(),
             AuthError::Malformed
         );
         assert_eq!(
-            auth.authenticate(&headers(Some("Bearer trk_wrong_wrong_wrong")))
+            auth.authenticate_headers(&headers(Some("Bearer trk_wrong_wrong_wrong")))
                 .unwrap_err(),
             AuthError::Unknown
         );
@@ -354,7 +448,7 @@ mod tests {
         keys::revoke(&path, "a").unwrap();
         assert!(auth.reload());
         assert_eq!(
-            auth.authenticate(&headers(Some(&format!("Bearer {a}"))))
+            auth.authenticate_headers(&headers(Some(&format!("Bearer {a}"))))
                 .unwrap_err(),
             AuthError::Unknown
         );
@@ -364,7 +458,7 @@ mod tests {
         std::fs::write(&path, "keys: [{tenant: x}]").unwrap();
         assert!(!auth.reload());
         assert!(
-            auth.authenticate(&headers(Some(&format!("Bearer {b}"))))
+            auth.authenticate_headers(&headers(Some(&format!("Bearer {b}"))))
                 .is_ok()
         );
         for e in [AuthError::Missing, AuthError::Malformed, AuthError::Unknown] {
@@ -373,8 +467,74 @@ mod tests {
         }
         let off = Auth::disabled();
         assert_eq!(
-            off.authenticate(&headers(None)).unwrap().name,
+            off.authenticate(&headers(None), None).unwrap().name,
             tenant::ANONYMOUS
+        );
+    }
+
+    #[test]
+    fn client_certificates_map_to_tenants_and_keys_come_first() {
+        use mtls::CertName;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.yaml");
+        let b = keys::create(&path, "team-b", None).unwrap();
+        let config = Config::from_yaml(
+            "tls: {cert_file: /c.pem, key_file: /k.pem, client_ca_file: /ca.pem}\n\
+             auth:\n  tenants:\n    team-a: {client_certs: ['CN=agent-a', 'spiffe://c/ns/a/sa/x']}\n\
+             \x20   team-b: {}\n",
+        )
+        .unwrap();
+        let agent_a = ClientIdentity {
+            names: vec![CertName::Cn("agent-a".into())],
+        };
+        let stranger = ClientIdentity {
+            names: vec![CertName::Cn("agent-z".into())],
+        };
+        for auth in [
+            Auth::from_config(&config).unwrap(),
+            Auth::with_keys(&path, &config).unwrap(),
+        ] {
+            assert!(auth.enabled());
+            let t = auth.authenticate(&headers(None), Some(&agent_a)).unwrap();
+            assert_eq!(t.name, "team-a");
+            let e = auth
+                .authenticate(&headers(None), Some(&stranger))
+                .unwrap_err();
+            assert_eq!(e, AuthError::Certificate(MappingError::NotMapped));
+            assert_eq!(e.status().code(), tonic::Code::Unauthenticated);
+            assert!(
+                e.status().message().contains("not mapped")
+                    && !e.status().message().contains("agent-a"),
+                "says why, without the mapping: {}",
+                e.status().message()
+            );
+            assert_eq!(
+                auth.authenticate(&headers(None), None).unwrap_err(),
+                AuthError::Missing
+            );
+            // A key is checked whatever the certificate: a wrong one is refused.
+            assert_eq!(
+                auth.authenticate(
+                    &headers(Some("Bearer trk_wrong_wrong_wrong")),
+                    Some(&agent_a)
+                )
+                .unwrap_err(),
+                AuthError::Unknown
+            );
+        }
+        // With keys, a key names its own tenant even on a mapped certificate's connection.
+        let auth = Auth::with_keys(&path, &config).unwrap();
+        let t = auth
+            .authenticate(&headers(Some(&format!("Bearer {b}"))), Some(&agent_a))
+            .unwrap();
+        assert_eq!(t.name, "team-b");
+        // Without client certificates verified, a certificate identity counts for nothing.
+        let no_mtls = Auth::with_keys(&path, &Config::default()).unwrap();
+        assert_eq!(
+            no_mtls
+                .authenticate(&headers(None), Some(&agent_a))
+                .unwrap_err(),
+            AuthError::Missing
         );
     }
 }

@@ -765,6 +765,136 @@ async fn auth_values_reach_the_secret_the_config_and_the_flags() {
 }
 
 #[tokio::test]
+async fn tls_values_mount_the_secrets_and_pass_the_flags() {
+    let Some(helm) = helm_or_skip("tls_values_mount_the_secrets_and_pass_the_flags") else {
+        return;
+    };
+    let pod = |objs: &[Value]| {
+        find(objs, "Deployment", Some(NS), "toolrun-gateway")["spec"]["template"]["spec"].clone()
+    };
+    let args = |objs: &[Value]| -> Vec<String> {
+        pod(objs)["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect()
+    };
+    let named = |list: &Value, name: &str| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == name)
+            .cloned()
+    };
+    let flag = |args: &[String], f: &str| {
+        args.iter()
+            .position(|a| a == f)
+            .map(|i| args[i + 1].clone())
+    };
+    // Default: no TLS at all (no flags, no volumes).
+    let objs = render(&helm, &[]).await.unwrap();
+    let a = args(&objs);
+    assert!(!a.iter().any(|a| a.starts_with("--tls")), "{a:?}");
+    assert!(named(&pod(&objs)["volumes"], "tls").is_none());
+
+    // Server TLS: the kubernetes.io/tls Secret mounted whole and read-only, the flags on it.
+    let objs = render(&helm, &[("gateway.tls.secretName", json!("gw-tls"))])
+        .await
+        .unwrap();
+    let a = args(&objs);
+    assert_eq!(
+        flag(&a, "--tls-cert").as_deref(),
+        Some("/etc/toolrun-tls/tls.crt")
+    );
+    assert_eq!(
+        flag(&a, "--tls-key").as_deref(),
+        Some("/etc/toolrun-tls/tls.key")
+    );
+    assert!(flag(&a, "--tls-client-ca").is_none(), "{a:?}");
+    assert!(a.contains(&"--api-keys".to_string()), "keys stay on: {a:?}");
+    let p = pod(&objs);
+    assert_eq!(
+        named(&p["volumes"], "tls").unwrap()["secret"],
+        json!({"secretName": "gw-tls", "items": [
+            {"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}]})
+    );
+    let mount = named(&p["containers"][0]["volumeMounts"], "tls").unwrap();
+    assert_eq!(
+        mount,
+        json!({"name": "tls", "mountPath": "/etc/toolrun-tls", "readOnly": true})
+    );
+    assert!(
+        mount.get("subPath").is_none(),
+        "a subPath mount never updates"
+    );
+
+    // Mutual TLS, required, without API keys: certificates authenticate (no
+    // --insecure-no-auth), and the tenants' client_certs reach the config.
+    let objs = render(
+        &helm,
+        &[
+            ("gateway.tls.secretName", json!("gw-tls")),
+            ("gateway.tls.clientCASecretName", json!("agents-ca")),
+            ("gateway.auth.enabled", json!(false)),
+            (
+                "gateway.auth.tenants",
+                json!({"agents": {"client_certs": ["spiffe://cluster.local/ns/a/sa/b"]}}),
+            ),
+        ],
+    )
+    .await
+    .unwrap();
+    let a = args(&objs);
+    assert_eq!(
+        flag(&a, "--tls-client-ca").as_deref(),
+        Some("/etc/toolrun-client-ca/ca.crt")
+    );
+    assert_eq!(flag(&a, "--tls-client-auth").as_deref(), Some("required"));
+    assert!(
+        !a.contains(&"--insecure-no-auth".to_string()) && !a.contains(&"--api-keys".to_string()),
+        "{a:?}"
+    );
+    let p = pod(&objs);
+    assert_eq!(
+        named(&p["volumes"], "tls-client-ca").unwrap()["secret"],
+        json!({"secretName": "agents-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]})
+    );
+    assert_eq!(
+        named(&p["containers"][0]["volumeMounts"], "tls-client-ca").unwrap()["readOnly"],
+        true
+    );
+    let gw_cm = find(&objs, "ConfigMap", Some(NS), "toolrun-gateway");
+    let gw_cfg =
+        &helm::parse_manifests(gw_cm["data"]["toolrun.yaml"].as_str().unwrap()).unwrap()[0];
+    assert_eq!(
+        gw_cfg["auth"]["tenants"]["agents"]["client_certs"],
+        json!(["spiffe://cluster.local/ns/a/sa/b"])
+    );
+
+    // Optional client certificates without keys would let nobody else in: the chart keeps
+    // the rule that no authentication at all needs --insecure-no-auth; its own CA key name.
+    let objs = render(
+        &helm,
+        &[
+            ("gateway.tls.secretName", json!("gw-tls")),
+            ("gateway.tls.clientCASecretName", json!("agents-ca")),
+            ("gateway.tls.clientCAKey", json!("bundle.pem")),
+            ("gateway.tls.clientAuth", json!("optional")),
+        ],
+    )
+    .await
+    .unwrap();
+    let a = args(&objs);
+    assert_eq!(flag(&a, "--tls-client-auth").as_deref(), Some("optional"));
+    assert!(a.contains(&"--api-keys".to_string()), "{a:?}");
+    assert_eq!(
+        named(&pod(&objs)["volumes"], "tls-client-ca").unwrap()["secret"]["items"],
+        json!([{"key": "bundle.pem", "path": "ca.crt"}])
+    );
+}
+
+#[tokio::test]
 async fn values_reach_the_operator_config_and_the_pods() {
     let Some(helm) = helm_or_skip("values_reach_the_operator_config_and_the_pods") else {
         return;
@@ -1112,6 +1242,25 @@ async fn bad_values_are_rejected_with_the_key_named() {
         (
             vec![("gateway.auth.firstKey", json!("short"))],
             "/gateway/auth/firstKey",
+        ),
+        (
+            vec![("gateway.tls.clientCASecretName", json!("ca"))],
+            "gateway.tls.clientCASecretName: client certificates need TLS",
+        ),
+        (
+            vec![
+                ("gateway.tls.secretName", json!("gw-tls")),
+                ("gateway.tls.clientAuth", json!("sometimes")),
+            ],
+            "/gateway/tls/clientAuth",
+        ),
+        (
+            vec![("gateway.tls.secretName", json!("Not_A_Secret"))],
+            "/gateway/tls/secretName",
+        ),
+        (
+            vec![("gateway.config", json!({"tls": {"cert_file": "/x"}}))],
+            "gateway.config.tls: set gateway.tls",
         ),
     ];
     for (values, message) in cases {

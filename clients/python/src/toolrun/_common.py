@@ -90,11 +90,70 @@ CallSpec = Union[Call, "tuple[str, Mapping[str, Any]]", Mapping[str, Any]]
 
 
 def strip_address(address: str) -> str:
-    """``http://host:port`` (as the CLI's TOOLRUN_ADDR) -> ``host:port`` for grpcio."""
-    for scheme in ("http://", "grpc://"):
+    """``http://host:port`` or ``https://host:port`` (as the CLI's TOOLRUN_ADDR) ->
+    ``host:port`` for grpcio."""
+    for scheme in ("http://", "https://", "grpc://"):
         if address.startswith(scheme):
             return address[len(scheme) :].rstrip("/")
     return address
+
+
+#: The environment variables TLS settings are read from when not given (as the CLI's).
+TLS_ENV = {
+    "tls_ca": "TOOLRUN_TLS_CA",
+    "tls_cert": "TOOLRUN_TLS_CERT",
+    "tls_key": "TOOLRUN_TLS_KEY",
+    "tls_server_name": "TOOLRUN_TLS_SERVER_NAME",
+}
+
+#: A PEM file's path, or its contents as bytes.
+Pem = Union[str, "os.PathLike[str]", bytes]
+
+
+def _pem(value: Optional[Pem]) -> Optional[bytes]:
+    if value is None or isinstance(value, bytes):
+        return value
+    with open(value, "rb") as f:
+        return f.read()
+
+
+def tls_channel(
+    address: str,
+    tls_ca: Optional[Pem],
+    tls_cert: Optional[Pem],
+    tls_key: Optional[Pem],
+    tls_server_name: Optional[str],
+) -> Optional[tuple]:
+    """``(credentials, extra channel options)`` when the channel is TLS: an ``https://``
+    address, or any TLS setting (argument or ``$TOOLRUN_TLS_*``); ``None`` for plain text.
+
+    ``tls_ca``: CA certificates the gateway's certificate must chain to (default: grpcio's
+    roots); ``tls_cert``/``tls_key``: the client certificate for mutual TLS (the gateway
+    takes the caller's tenant from it); ``tls_server_name``: the name the gateway's
+    certificate must carry (default: the address's host).
+    """
+    given = {"tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key, "tls_server_name": tls_server_name}
+    for name, env in TLS_ENV.items():
+        if given[name] is None and os.environ.get(env):
+            given[name] = os.environ[env]
+    if not address.startswith("https://") and not any(v is not None for v in given.values()):
+        return None
+    if address.startswith(("http://", "grpc://")):
+        raise ValueError(
+            f"TLS settings need an https:// or bare host:port address, not {address!r} "
+            "(an http:// address would send the API key in clear)"
+        )
+    if (given["tls_cert"] is None) != (given["tls_key"] is None):
+        raise ValueError("tls_cert and tls_key go together")
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=_pem(given["tls_ca"]),
+        private_key=_pem(given["tls_key"]),
+        certificate_chain=_pem(given["tls_cert"]),
+    )
+    options = []
+    if given["tls_server_name"]:
+        options.append(("grpc.ssl_target_name_override", str(given["tls_server_name"])))
+    return credentials, options
 
 
 def format_value(fmt: Optional[str]) -> "pb.ToolFormat":

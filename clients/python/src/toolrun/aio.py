@@ -16,6 +16,7 @@ from . import errors
 from ._common import (
     CHANNEL_OPTIONS,
     DEFAULT_ADDRESS,
+    Pem,
     auth_metadata,
     CallSpec,
     SessionTools,
@@ -27,6 +28,7 @@ from ._common import (
     mode_value,
     run_code_arguments,
     strip_address,
+    tls_channel,
 )
 from .types import (
     Approval,
@@ -84,6 +86,8 @@ class AsyncClient:
             the API key in its interceptors or call credentials yourself).
         api_key: The gateway's API key, sent as ``authorization: Bearer <key>`` with every
             call (default: ``$TOOLRUN_API_KEY``).
+        tls_ca, tls_cert, tls_key, tls_server_name: TLS and the client certificate, as
+            :class:`~toolrun.Client` takes them.
 
     The channel opens on first use, in the running event loop. Use as an async context
     manager, or await :meth:`close`.
@@ -96,10 +100,19 @@ class AsyncClient:
         *,
         channel: Optional[grpc.aio.Channel] = None,
         api_key: Optional[str] = None,
+        tls_ca: Optional[Pem] = None,
+        tls_cert: Optional[Pem] = None,
+        tls_key: Optional[Pem] = None,
+        tls_server_name: Optional[str] = None,
     ) -> None:
         self.address = strip_address(address)
         self.timeout = timeout
         self._metadata = auth_metadata(api_key)
+        self._tls = (
+            None
+            if channel is not None
+            else tls_channel(address, tls_ca, tls_cert, tls_key, tls_server_name)
+        )
         if channel is not None and api_key is not None:
             raise ValueError(
                 "api_key goes with an address: with your own channel, add the key to its "
@@ -115,13 +128,22 @@ class AsyncClient:
     @property
     def _stub(self) -> pb_grpc.ToolServiceStub:
         if self._stub_ is None:
-            self._channel = grpc.aio.insecure_channel(
-                self.address,
-                options=CHANNEL_OPTIONS,
-                interceptors=[_AsyncUnaryAuth(self._metadata), _AsyncStreamAuth(self._metadata)]
+            interceptors = (
+                [_AsyncUnaryAuth(self._metadata), _AsyncStreamAuth(self._metadata)]
                 if self._metadata
-                else None,
+                else None
             )
+            if self._tls is not None:
+                self._channel = grpc.aio.secure_channel(
+                    self.address,
+                    self._tls[0],
+                    options=CHANNEL_OPTIONS + self._tls[1],
+                    interceptors=interceptors,
+                )
+            else:
+                self._channel = grpc.aio.insecure_channel(
+                    self.address, options=CHANNEL_OPTIONS, interceptors=interceptors
+                )
             self._stub_ = pb_grpc.ToolServiceStub(self._channel)  # type: ignore[no-untyped-call]
         return self._stub_
 

@@ -14,6 +14,7 @@ from ._common import (
     AuthInterceptor,
     auth_metadata,
     CallSpec,
+    Pem,
     SessionTools,
     call_many_request,
     call_request,
@@ -23,6 +24,7 @@ from ._common import (
     mode_value,
     run_code_arguments,
     strip_address,
+    tls_channel,
 )
 from .types import (
     Approval,
@@ -43,7 +45,8 @@ class Client:
     """A connection to a toolrun gateway over gRPC.
 
     Args:
-        address: ``host:port`` of the gateway's gRPC listener (``http://`` is accepted too).
+        address: ``host:port`` of the gateway's gRPC listener (``http://`` is accepted too;
+            ``https://`` means TLS).
         timeout: Deadline in seconds for every RPC (None: no deadline). A call's deadline
             also bounds the tool's run: the gateway never runs a call past it.
         channel: An existing ``grpc.Channel`` to use instead of opening one (``address``
@@ -52,6 +55,14 @@ class Client:
             call (default: ``$TOOLRUN_API_KEY``; none: no authentication, as a gateway on
             loopback without keys accepts). A missing or wrong key raises
             :class:`~toolrun.errors.Unauthenticated`.
+        tls_ca: CA certificates (a PEM file's path, or PEM bytes) the gateway's certificate
+            must chain to: the channel is TLS (as with an ``https://`` address, which
+            without it trusts grpcio's default roots). Default: ``$TOOLRUN_TLS_CA``.
+        tls_cert, tls_key: A client certificate and its key (path or PEM bytes) for a
+            gateway that verifies them (mutual TLS: the certificate's tenant is the
+            caller's). Default: ``$TOOLRUN_TLS_CERT``, ``$TOOLRUN_TLS_KEY``.
+        tls_server_name: The name the gateway's certificate must carry, when it is not the
+            address's host (e.g. through a port-forward). Default: ``$TOOLRUN_TLS_SERVER_NAME``.
 
     A tool's failure is data (:class:`ToolResult` with ``ok`` false); transport failures
     raise :class:`~toolrun.errors.ToolrunError` subclasses. Use as a context manager, or
@@ -65,10 +76,22 @@ class Client:
         *,
         channel: Optional[grpc.Channel] = None,
         api_key: Optional[str] = None,
+        tls_ca: Optional[Pem] = None,
+        tls_cert: Optional[Pem] = None,
+        tls_key: Optional[Pem] = None,
+        tls_server_name: Optional[str] = None,
     ) -> None:
         self.address = strip_address(address)
         self.timeout = timeout
-        self._channel = channel or grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        tls = None if channel else tls_channel(address, tls_ca, tls_cert, tls_key, tls_server_name)
+        if channel is not None:
+            self._channel = channel
+        elif tls is not None:
+            self._channel = grpc.secure_channel(
+                self.address, tls[0], options=CHANNEL_OPTIONS + tls[1]
+            )
+        else:
+            self._channel = grpc.insecure_channel(self.address, options=CHANNEL_OPTIONS)
         metadata = auth_metadata(api_key)
         calls = (
             grpc.intercept_channel(self._channel, AuthInterceptor(metadata))

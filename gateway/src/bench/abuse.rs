@@ -320,9 +320,15 @@ async fn streams(args: &BenchArgs) -> Result<(), CliError> {
 
     // At the bound: fill it (and 100 past it) with more streams; a call there is refused
     // with a typed error, and health checks still answer.
+    // New connections: those of the held streams are at --max-concurrent-streams, and a
+    // stream past it would wait in the client for one of them to end.
     let room = bound.saturating_sub(held.len());
+    let mut more = Vec::new();
+    for _ in 0..(room + 100).div_ceil(STREAMS_PER_CONNECTION) {
+        more.push(connect(&url, None).await?);
+    }
     let t = Instant::now();
-    let (extra, extra_refused) = open_streams(&clients, room + 100).await;
+    let (extra, extra_refused) = open_streams(&more, room + 100).await;
     let fill_ms = t.elapsed().as_millis() as u64;
     let at_bound = probe.call_tool(call_req("calculator", CALC)).await;
     let at_bound_code = match &at_bound {
@@ -345,7 +351,10 @@ async fn streams(args: &BenchArgs) -> Result<(), CliError> {
             service: String::new(),
         })
         .await
-        .map(|r| r.into_inner().status)
+        .map(|r| {
+            tonic_health::pb::health_check_response::ServingStatus::try_from(r.into_inner().status)
+                .map_or("?", |s| s.as_str_name())
+        })
         .map_err(|e| format!("{:?}", e.code()));
     let rss_full = gw.rss();
     fact(
@@ -353,12 +362,13 @@ async fn streams(args: &BenchArgs) -> Result<(), CliError> {
         json!({"abuse": "streams at the bound", "max_open_rpcs": bound,
                "streams_held": held.len() + extra.len(), "fill_ms": fill_ms,
                "refused": extra_refused, "calculator_at_bound": at_bound_code,
-               "retry_after": retry_after, "health_at_bound": format!("{health:?}"),
+               "retry_after": retry_after, "health_at_bound": match health { Ok(s) => s.to_string(), Err(e) => e },
                "gateway_rss_full_kib": rss_full}),
     );
     drop(extra);
     drop(held);
     drop(clients);
+    drop(more);
     // The gateway frees a stream when it sees the reset; give it a moment.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let t = Instant::now();
@@ -367,9 +377,22 @@ async fn streams(args: &BenchArgs) -> Result<(), CliError> {
         &timed("calculator, streams closed", after, t.elapsed()),
         args.json,
     );
+    let rss_after = gw.rss();
+    // The allocator keeps what it was given; holding the same streams again must reuse it,
+    // not grow (a leak would).
+    let mut clients = Vec::with_capacity(conns);
+    for _ in 0..conns {
+        clients.push(connect(&url, None).await?);
+    }
+    let (again, _) = open_streams(&clients, n).await;
+    let rss_again = gw.rss();
+    let again_held = again.len();
+    drop(again);
+    drop(clients);
     fact(
         args.json,
-        json!({"abuse": "streams closed", "gateway_rss_after_kib": gw.rss(),
+        json!({"abuse": "streams closed", "gateway_rss_after_kib": rss_after,
+               "streams_held_again": again_held, "gateway_rss_held_again_kib": rss_again,
                "gateway_rss_peak_kib": gw.hwm()}),
     );
     Ok(())
@@ -815,8 +838,14 @@ async fn tenants(args: &BenchArgs) -> Result<(), CliError> {
         sandbox,
     )
     .await;
-    let _ = std::fs::remove_dir_all(&dir);
-    let gw = gw?;
+    // The keys file stays while the gateway runs (it is read again every 2 s).
+    let gw = match gw {
+        Ok(gw) => gw,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
     let url = gw.url();
     let mut quiet = connect(&url, Some(&quiet_key)).await?;
     latencies(&mut quiet, "calculator", CALC, 50).await;
@@ -914,5 +943,7 @@ async fn tenants(args: &BenchArgs) -> Result<(), CliError> {
                    (Some(l), Some(i)) => json!(ratio(l, i)), _ => Value::Null },
                "gateway_rss_idle_kib": rss_idle, "gateway_rss_peak_kib": rss_peak}),
     );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

@@ -116,6 +116,11 @@ pub struct BenchArgs {
     /// for the tenant over its limits (`tenants`).
     #[arg(long, default_value_t = 2)]
     pub abuse_flooders: usize,
+    /// Requests per second of the flood (`flood`: all kinds together; `tenants`: the
+    /// tenant over its limits), spread over its callers; 0: a closed loop, each caller
+    /// sending again as soon as it is answered (as fast as this machine allows).
+    #[arg(long, default_value_t = 1000.0)]
+    pub abuse_rate: f64,
 }
 
 /// The code-interpreter scenarios' pandas program: `import numpy, pandas` and a

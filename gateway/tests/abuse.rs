@@ -167,12 +167,17 @@ async fn post(addr: SocketAddr, path: &str, body: &[u8]) -> (u16, String) {
 async fn junk(addr: SocketAddr, preface: bool) -> Vec<(u8, Option<u32>)> {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut bytes = if preface {
-        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec()
+        // A complete DATA frame on stream 0 where SETTINGS must come first.
+        let mut b = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        b.extend([0, 0, 8, 0, 0, 0, 0, 0, 0]);
+        b.extend([0xAA; 8]);
+        b
     } else {
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()
     };
     bytes.extend((0..512u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8));
     let _ = s.write_all(&bytes).await;
+    let _ = s.shutdown().await;
     let mut buf = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut buf))
         .await

@@ -204,6 +204,16 @@ fn timed(name: &str, (lat, failures): (Vec<u64>, usize), wall: Duration) -> Repo
     report(name, 1, lat, failures, wall)
 }
 
+/// The pace of one of `callers` sharing `rate` requests per second: `None` (rate 0) is a
+/// closed loop, each caller sending its next request as soon as the last is answered.
+fn pacer(rate: f64, callers: usize) -> Option<tokio::time::Interval> {
+    (rate > 0.0).then(|| {
+        let mut i = tokio::time::interval(Duration::from_secs_f64(callers as f64 / rate));
+        i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        i
+    })
+}
+
 /// Raises this process's open-files limit to its hard limit (a bench that holds many
 /// connections).
 fn raise_nofile() {
@@ -669,7 +679,12 @@ async fn garbage_h2(addr: SocketAddr, i: u64) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     let with_preface = !i.is_multiple_of(2);
     let mut junk = if with_preface {
-        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec()
+        // The preface, then a DATA frame on stream 0 where SETTINGS must come first: a
+        // complete frame, so the gateway never waits for more of it.
+        let mut j = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        j.extend([0, 0, 8, 0, 0, 0, 0, 0, 0]);
+        j.extend([0xAA; 8]);
+        j
     } else {
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()
     };
@@ -682,6 +697,7 @@ async fn garbage_h2(addr: SocketAddr, i: u64) -> Result<(), String> {
         junk.push(x as u8);
     }
     let _ = s.write_all(&junk).await;
+    let _ = s.shutdown().await;
     let mut buf = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
     if read.is_err() {
@@ -712,6 +728,62 @@ async fn garbage_h2(addr: SocketAddr, i: u64) -> Result<(), String> {
     }
 }
 
+/// Latencies of one client in alternating windows without and with a load switched on by
+/// `active`: both sides see the same background load of a shared machine. Returns the
+/// two reports and the seconds the load was on.
+struct Interleaved {
+    off: (Vec<u64>, usize, Duration),
+    on: (Vec<u64>, usize, Duration),
+    on_secs: f64,
+}
+
+/// Windows per interleaved measurement (each side gets half).
+const WINDOWS: usize = 10;
+
+/// How long a switched load takes to start or stop (calls in flight finish).
+const SETTLE: Duration = Duration::from_millis(200);
+
+async fn interleave(
+    client: &mut Client,
+    active: &AtomicBool,
+    tool: &str,
+    targs: &str,
+    calls_per_window: usize,
+) -> Interleaved {
+    let mut out = Interleaved {
+        off: (Vec::new(), 0, Duration::ZERO),
+        on: (Vec::new(), 0, Duration::ZERO),
+        on_secs: 0.0,
+    };
+    for w in 0..WINDOWS {
+        let on = w % 2 == 1;
+        active.store(on, Ordering::Relaxed);
+        tokio::time::sleep(SETTLE).await;
+        let t = Instant::now();
+        let (lat, failures) = latencies(client, tool, targs, calls_per_window).await;
+        let side = if on { &mut out.on } else { &mut out.off };
+        side.0.extend(lat);
+        side.1 += failures;
+        side.2 += t.elapsed();
+        if on {
+            out.on_secs += (SETTLE + t.elapsed()).as_secs_f64();
+        }
+    }
+    active.store(false, Ordering::Relaxed);
+    out
+}
+
+/// Waits while the load is off; false once it should stop.
+async fn wait_active(stop: &AtomicBool, active: &AtomicBool) -> bool {
+    while !active.load(Ordering::Relaxed) {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    !stop.load(Ordering::Relaxed)
+}
+
 async fn flood(args: &BenchArgs) -> Result<(), CliError> {
     let gw = Gateway::start("flood", "{}", &[], false).await?;
     // The gateway runs with the default --max-message-bytes.
@@ -720,9 +792,6 @@ async fn flood(args: &BenchArgs) -> Result<(), CliError> {
     let mut probe = connect(&url, None).await?;
     latencies(&mut probe, "calculator", CALC, 50).await;
     let rss_idle = gw.rss();
-    let t = Instant::now();
-    let idle = latencies(&mut probe, "calculator", CALC, LATENCY_CALLS).await;
-    print_report(&timed("calculator, no flood", idle, t.elapsed()), args.json);
 
     let oversize = format!(r#"{{"message":"{}"}}"#, "x".repeat(max));
     let channel = tonic::transport::Channel::from_shared(url.clone())
@@ -741,6 +810,7 @@ async fn flood(args: &BenchArgs) -> Result<(), CliError> {
         oversize: Arc::new(oversize),
     };
     let stop = Arc::new(AtomicBool::new(false));
+    let active = Arc::new(AtomicBool::new(false));
     let counts: Arc<Vec<(AtomicU64, AtomicU64)>> = Arc::new(
         ALL_BAD
             .iter()
@@ -748,15 +818,19 @@ async fn flood(args: &BenchArgs) -> Result<(), CliError> {
             .collect(),
     );
     let (rss_stop, rss_task) = sample_rss(gw.pid);
-    let start = Instant::now();
     let mut tasks = Vec::new();
     for (k, bad) in ALL_BAD.iter().copied().enumerate() {
         for w in 0..args.abuse_flooders {
-            let (mut t, stop, counts) = (target.clone(), stop.clone(), counts.clone());
+            let (mut t, stop, active, counts) =
+                (target.clone(), stop.clone(), active.clone(), counts.clone());
+            let mut pace = pacer(args.abuse_rate, ALL_BAD.len() * args.abuse_flooders);
             tasks.push(tokio::spawn(async move {
                 let mut i = w as u64;
                 let mut shown = false;
-                while !stop.load(Ordering::Relaxed) {
+                while wait_active(&stop, &active).await {
+                    if let Some(p) = &mut pace {
+                        p.tick().await;
+                    }
                     i += 1;
                     match send_bad(&mut t, bad, i).await {
                         Ok(()) => counts[k].0.fetch_add(1, Ordering::Relaxed),
@@ -772,28 +846,24 @@ async fn flood(args: &BenchArgs) -> Result<(), CliError> {
             }));
         }
     }
-    // The well-formed calls, on their own connection, while the flood runs.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let t = Instant::now();
-    let mut during = (Vec::new(), 0);
-    let until = Instant::now() + Duration::from_secs_f64(args.abuse_seconds);
-    while Instant::now() < until {
-        let (l, f) = latencies(&mut probe, "calculator", CALC, 50).await;
-        during.0.extend(l);
-        during.1 += f;
-    }
-    let during_wall = t.elapsed();
+    // The well-formed calls on their own connection, in windows with and without the flood.
+    let per_window = (args.abuse_seconds * 1000.0 / WINDOWS as f64) as usize;
+    let m = interleave(&mut probe, &active, "calculator", CALC, per_window.max(10)).await;
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         let _ = t.await;
     }
-    let secs = start.elapsed().as_secs_f64();
     drop(rss_stop);
     let rss_peak = rss_task.await.unwrap_or(0);
     print_report(
-        &timed("calculator, during flood", during, during_wall),
+        &report("calculator, no flood", 1, m.off.0, m.off.1, m.off.2),
         args.json,
     );
+    print_report(
+        &report("calculator, during flood", 1, m.on.0, m.on.1, m.on.2),
+        args.json,
+    );
+    let secs = m.on_secs;
     let mut total = 0;
     let mut wrong = 0;
     for (k, bad) in ALL_BAD.iter().enumerate() {
@@ -811,8 +881,8 @@ async fn flood(args: &BenchArgs) -> Result<(), CliError> {
     }
     fact(
         args.json,
-        json!({"abuse": "flood total", "seconds": (secs * 10.0).round() / 10.0,
-               "flooders_per_kind": args.abuse_flooders,
+        json!({"abuse": "flood total", "flood_seconds": (secs * 10.0).round() / 10.0,
+               "flooders_per_kind": args.abuse_flooders, "paced_per_sec": args.abuse_rate,
                "typed_refusals": total, "unexpected": wrong,
                "refused_per_sec": (total as f64 / secs).round(),
                "gateway_rss_idle_kib": rss_idle, "gateway_rss_peak_kib": rss_peak,
@@ -849,43 +919,34 @@ async fn tenants(args: &BenchArgs) -> Result<(), CliError> {
     let url = gw.url();
     let mut quiet = connect(&url, Some(&quiet_key)).await?;
     latencies(&mut quiet, "calculator", CALC, 50).await;
-    let runs = args.sandbox_runs;
     if sandbox {
         latencies(&mut quiet, "run_code", PRINT1, 3).await;
     }
     let rss_idle = gw.rss();
-    let t = Instant::now();
-    let idle = latencies(&mut quiet, "calculator", CALC, LATENCY_CALLS).await;
-    let idle_calc = timed("quiet calculator, alone", idle, t.elapsed());
-    print_report(&idle_calc, args.json);
-    let idle_run = if sandbox {
-        let t = Instant::now();
-        let r = latencies(&mut quiet, "run_code", PRINT1, runs).await;
-        let r = timed("quiet run_code, alone", r, t.elapsed());
-        print_report(&r, args.json);
-        Some(r)
-    } else {
-        None
-    };
 
-    // Tenant flood: half its callers on calculator, half on run_code, as fast as answers
-    // come back (no backing off on retry-after: an abusive client).
+    // Tenant flood: half its callers on calculator, half on run_code (no backing off on
+    // retry-after: an abusive client), switched on and off by `active`.
     let stop = Arc::new(AtomicBool::new(false));
+    let active = Arc::new(AtomicBool::new(false));
     // ok, RESOURCE_EXHAUSTED with retry-after, anything else.
     let counts = Arc::new([AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)]);
     let mut tasks = Vec::new();
     let flooders = args.abuse_flooders.max(1) * 4;
     for w in 0..flooders {
         let mut c = connect(&url, Some(&flood_key)).await?;
-        let (stop, counts) = (stop.clone(), counts.clone());
+        let (stop, active, counts) = (stop.clone(), active.clone(), counts.clone());
         let (tool, targs) = if sandbox && w % 2 == 1 {
             ("run_code", PRINT1)
         } else {
             ("calculator", CALC)
         };
+        let mut pace = pacer(args.abuse_rate, flooders);
         tasks.push(tokio::spawn(async move {
             let mut shown = false;
-            while !stop.load(Ordering::Relaxed) {
+            while wait_active(&stop, &active).await {
+                if let Some(p) = &mut pace {
+                    p.tick().await;
+                }
                 let i = match c.call_tool(call_req(tool, targs)).await {
                     Ok(r) if r.get_ref().result.as_ref().is_some_and(|r| r.ok) => 0,
                     Err(e)
@@ -907,18 +968,25 @@ async fn tenants(args: &BenchArgs) -> Result<(), CliError> {
         }));
     }
     let (rss_stop, rss_task) = sample_rss(gw.pid);
-    let start = Instant::now();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let t = Instant::now();
-    let loaded = latencies(&mut quiet, "calculator", CALC, LATENCY_CALLS).await;
-    let loaded_calc = timed("quiet calculator, flooded", loaded, t.elapsed());
-    print_report(&loaded_calc, args.json);
-    let loaded_run = if sandbox {
-        let t = Instant::now();
-        let r = latencies(&mut quiet, "run_code", PRINT1, runs).await;
-        let r = timed("quiet run_code, flooded", r, t.elapsed());
-        print_report(&r, args.json);
-        Some(r)
+    let calc = interleave(
+        &mut quiet,
+        &active,
+        "calculator",
+        CALC,
+        LATENCY_CALLS * 2 / WINDOWS,
+    )
+    .await;
+    let runs = if sandbox {
+        Some(
+            interleave(
+                &mut quiet,
+                &active,
+                "run_code",
+                PRINT1,
+                (args.sandbox_runs * 2).div_ceil(WINDOWS),
+            )
+            .await,
+        )
     } else {
         None
     };
@@ -926,21 +994,38 @@ async fn tenants(args: &BenchArgs) -> Result<(), CliError> {
     for t in tasks {
         let _ = t.await;
     }
-    let secs = start.elapsed().as_secs_f64();
     drop(rss_stop);
     let rss_peak = rss_task.await.unwrap_or(0);
+    let secs = calc.on_secs + runs.as_ref().map_or(0.0, |r| r.on_secs);
+    let pair = |name: &str, m: Interleaved| {
+        [
+            report(
+                &format!("quiet {name}, alone"),
+                1,
+                m.off.0,
+                m.off.1,
+                m.off.2,
+            ),
+            report(&format!("quiet {name}, flooded"), 1, m.on.0, m.on.1, m.on.2),
+        ]
+    };
+    let calc = pair("calculator", calc);
+    let runs = runs.map(|r| pair("run_code", r));
+    for r in calc.iter().chain(runs.iter().flatten()) {
+        print_report(r, args.json);
+    }
     let [ok, exhausted, other] = [0, 1, 2].map(|i| counts[i].load(Ordering::Relaxed));
-    let ratio = |loaded: &Report, idle: &Report| {
+    let ratio = |[idle, loaded]: &[Report; 2]| {
         (loaded.p99_us as f64 / idle.p99_us.max(1) as f64 * 100.0).round() / 100.0
     };
     fact(
         args.json,
-        json!({"abuse": "tenants", "flood_callers": flooders, "seconds": (secs * 10.0).round() / 10.0,
+        json!({"abuse": "tenants", "flood_callers": flooders, "paced_per_sec": args.abuse_rate,
+               "flood_seconds": (secs * 10.0).round() / 10.0,
                "flood_ok": ok, "flood_resource_exhausted": exhausted, "flood_other": other,
                "flood_refused_per_sec": (exhausted as f64 / secs).round(),
-               "quiet_calculator_p99_ratio": ratio(&loaded_calc, &idle_calc),
-               "quiet_run_code_p99_ratio": match (&loaded_run, &idle_run) {
-                   (Some(l), Some(i)) => json!(ratio(l, i)), _ => Value::Null },
+               "quiet_calculator_p99_ratio": ratio(&calc),
+               "quiet_run_code_p99_ratio": runs.as_ref().map(ratio),
                "gateway_rss_idle_kib": rss_idle, "gateway_rss_peak_kib": rss_peak}),
     );
     drop(gw);

@@ -21,7 +21,8 @@ use http_body::{Body, Frame, SizeHint};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The default of `--max-open-rpcs`: room for ten thousand held streams and the unary calls
-/// beside them; at the measured ~7 KiB per held stream about 110 MiB (README).
+/// beside them; at the measured ~13 KiB per held stream about 210 MiB (README "Security
+/// testing").
 pub const DEFAULT_MAX_OPEN_RPCS: usize = 16_384;
 
 /// The tower layer (outermost on the gRPC server).

@@ -21,6 +21,8 @@ use toolrun_proto::v1 as pb;
 use crate::cli::{CliError, Client, ClientTls, connect_with};
 use crate::serve::{ServeArgs, start};
 
+mod abuse;
+
 /// Settings of `toolrun bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
@@ -95,6 +97,33 @@ pub struct BenchArgs {
     /// script; with `--addr` the gateway must declare [`BENCH_CUSTOM_TOOL`]).
     #[arg(long)]
     pub no_custom: bool,
+    /// Run the load-and-abuse scenarios instead of the others, each against its own
+    /// `toolrun serve` child (see `--abuse-scenarios`).
+    #[arg(long)]
+    pub abuse: bool,
+    /// Which abuse scenarios: `streams` (streams held open, up to the bound), `flood`
+    /// (malformed and oversized requests on every front door), `tenants` (one tenant over
+    /// its limits beside another).
+    #[arg(long, value_delimiter = ',', default_values_t = ["streams".to_string(), "flood".into(), "tenants".into()])]
+    pub abuse_scenarios: Vec<String>,
+    /// Streams the `streams` scenario holds open.
+    #[arg(long, default_value_t = 10_000)]
+    pub abuse_streams: usize,
+    /// `--max-open-rpcs` of the `streams` scenario's gateway (the bound it then fills).
+    #[arg(long, default_value_t = crate::inflight::DEFAULT_MAX_OPEN_RPCS)]
+    pub abuse_max_open_rpcs: usize,
+    /// Seconds the flood lasts (the well-formed calls are timed meanwhile).
+    #[arg(long, default_value_t = 10.0)]
+    pub abuse_seconds: f64,
+    /// Concurrent flooders per kind of bad request (`flood`); four times as many callers
+    /// for the tenant over its limits (`tenants`).
+    #[arg(long, default_value_t = 2)]
+    pub abuse_flooders: usize,
+    /// Requests per second of the flood (`flood`: all kinds together; `tenants`: the
+    /// tenant over its limits), spread over its callers; 0: a closed loop, each caller
+    /// sending again as soon as it is answered (as fast as this machine allows).
+    #[arg(long, default_value_t = 1000.0)]
+    pub abuse_rate: f64,
 }
 
 /// The code-interpreter scenarios' pandas program: `import numpy, pandas` and a
@@ -851,6 +880,9 @@ fn print_report(r: &Report, json: bool) {
 
 /// Runs every scenario and prints the figures.
 pub async fn run(args: BenchArgs) -> Result<(), CliError> {
+    if args.abuse {
+        return abuse::run(&args).await;
+    }
     let mut server = None;
     let mut mcp_url = args.mcp_url.clone();
     // The in-process gateway declares the custom-tool scenario's tool.

@@ -16,6 +16,7 @@ pub mod error;
 pub mod exec;
 pub mod grpc;
 pub mod http;
+pub mod inflight;
 pub mod mcp;
 pub mod metrics;
 pub mod providers;

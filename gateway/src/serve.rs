@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// Concurrent HTTP/2 streams per connection.
     #[arg(long, env = "TOOLRUN_MAX_CONCURRENT_STREAMS", default_value_t = 1024)]
     pub max_concurrent_streams: u32,
+    /// gRPC requests open at once over all connections (calls in flight and streams held
+    /// open; health checks not counted); one more is refused with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "TOOLRUN_MAX_OPEN_RPCS", default_value_t = crate::inflight::DEFAULT_MAX_OPEN_RPCS)]
+    pub max_open_rpcs: usize,
     /// On SIGTERM, how long in-flight calls may finish before their sandboxes are killed (ms).
     #[arg(long, env = "TOOLRUN_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
     pub drain_timeout_ms: u64,
@@ -113,6 +117,7 @@ impl Default for ServeArgs {
             config: None,
             max_message_bytes: 4 * 1024 * 1024,
             max_concurrent_streams: 1024,
+            max_open_rpcs: crate::inflight::DEFAULT_MAX_OPEN_RPCS,
             drain_timeout_ms: 10_000,
             no_sandbox: false,
             backend: None,
@@ -631,6 +636,7 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
     }
 
     let grpc_router = tonic::transport::Server::builder()
+        .layer(crate::inflight::OpenRpcsLayer::new(args.max_open_rpcs))
         .layer(tower::layer::layer_fn(ZeroDeadline))
         .layer(GrpcAuthLayer(auth))
         .layer(tower::util::MapResponseLayer::new(

@@ -260,8 +260,16 @@ async fn open_kube_sessions(config: &Config) -> Result<Arc<SessionManager>, Serv
     let client = crate::sandbox::kubernetes::startup::client()
         .await
         .map_err(|e| storage(format!("sessions on kubernetes: {e}")))?;
+    // The chart hands the relay's ClusterIP over in TOOLRUN_SESSION_RELAY_ADDRESS (from the
+    // Service's environment variables): it works without cluster DNS. Unexpanded (the
+    // Service did not exist when the pod was made): the configured address.
+    let address = match std::env::var("TOOLRUN_SESSION_RELAY_ADDRESS") {
+        Ok(a) if !a.trim().is_empty() && !a.contains("$(") => a,
+        _ => relay.address.clone(),
+    };
+    tracing::info!(%address, "session relay");
     let relay_client = crate::session::files::RelayClient::new(
-        &relay.address,
+        &address,
         &token,
         Duration::from_secs(relay.timeout_seconds),
     )

@@ -190,8 +190,22 @@ fn assert_hardened_pod(deployment: &Value) {
     for key in ["hostNetwork", "hostPID", "hostIPC"] {
         assert!(spec[key].is_null() || spec[key] == false, "{name}: {key}");
     }
+    // The gateway's are on with sessions (the relay's ClusterIP comes from the relay
+    // Service's variables, no cluster DNS needed); the operator's are off.
+    let relay_env = spec["containers"][0]["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["name"] == "TOOLRUN_SESSION_RELAY_ADDRESS");
+    if let Some(e) = relay_env {
+        assert_eq!(
+            e["value"],
+            "http://$(TOOLRUN_OPERATOR_RELAY_SERVICE_HOST):$(TOOLRUN_OPERATOR_RELAY_SERVICE_PORT)"
+        );
+    }
+    let links = name == "toolrun-gateway" && relay_env.is_some();
     assert_eq!(
-        spec["enableServiceLinks"], false,
+        spec["enableServiceLinks"], links,
         "{name}: enableServiceLinks"
     );
     // Our pods talk to the API server, so the token is mounted, explicitly.

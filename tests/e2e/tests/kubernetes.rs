@@ -2436,6 +2436,36 @@ async fn sessions_on_kubernetes_file_tools_runs_and_close() {
         assert_eq!(run.spec.session.as_deref(), Some(ts_name.as_str()));
     }
 
+    // Latency of calls in the session (figures for the README; each call checked).
+    let mut lat: std::collections::BTreeMap<&str, Vec<Duration>> = Default::default();
+    for i in 0..10 {
+        for (tool, args, want) in [
+            (
+                "run_code",
+                json!({"language": "python", "code": "print(1)"}),
+                "1\n",
+            ),
+            ("shell", json!({"command": "echo 1"}), "1\n"),
+            ("read_file", json!({"path": "made.txt"}), ""),
+        ] {
+            let t = Instant::now();
+            let (r, out) = session_call(&mut c, &sid, tool, args).await.unwrap();
+            lat.entry(tool).or_default().push(t.elapsed());
+            assert!(r.ok, "{tool} #{i}: {r:?}");
+            if !want.is_empty() {
+                assert_eq!(out["stdout"], want, "{tool} #{i}: {out}");
+            }
+        }
+    }
+    for (tool, mut v) in lat {
+        v.sort();
+        eprintln!(
+            "FIGURE session {tool}: p50 {:?} max {:?} (10 calls)",
+            v[v.len() / 2],
+            v[v.len() - 1]
+        );
+    }
+
     // Close: the ToolSession goes, then its pod.
     c.close_session(pb::CloseSessionRequest {
         session_id: sid.clone(),

@@ -818,14 +818,40 @@ async fn kill_the_operator_mid_run(prefix: &str, language: &str, code: &str, war
     let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let sandbox_pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let system_pods: Api<Pod> = Api::namespaced(kube.clone(), SYSTEM_NS);
-    let name = unique(prefix);
-    let tr: ToolRun = serde_json::from_value(json!({
-        "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
-        "metadata": {"name": name},
-        "spec": {"tool": "run_code", "callId": name, "language": language, "code": code}
-    }))
-    .unwrap();
-    runs.create(&PostParams::default(), &tr).await.unwrap();
+    // Other tests running beside this one use python too and may empty the warm pool
+    // first: a warm attempt whose run got a pod of its own is let finish and tried again.
+    let mut attempt = 0;
+    let name = loop {
+        attempt += 1;
+        if warm {
+            wait_warm(&sandbox_pods, 1).await;
+        }
+        let name = unique(prefix);
+        let tr: ToolRun = serde_json::from_value(json!({
+            "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
+            "metadata": {"name": name},
+            "spec": {"tool": "run_code", "callId": name, "language": language, "code": code}
+        }))
+        .unwrap();
+        runs.create(&PostParams::default(), &tr).await.unwrap();
+        if !warm {
+            break name;
+        }
+        wait_until(Duration::from_secs(60), "the run to get a pod", || {
+            let (runs, name) = (runs.clone(), name.clone());
+            async move {
+                let st = runs.get(&name).await?.status.unwrap_or_default();
+                Ok(st.pod_name.is_some())
+            }
+        })
+        .await
+        .unwrap();
+        if is_bound(&runs.get(&name).await.unwrap()) {
+            break name;
+        }
+        assert!(attempt < 5, "5 runs in a row found no warm pod");
+        wait_finished(&runs, &name, Duration::from_secs(60)).await;
+    };
     let lp = ListParams::default().labels(&format!("toolrun.dev/run={name}"));
     wait_until(
         Duration::from_secs(60),
@@ -973,6 +999,14 @@ async fn wait_warm(pods: &Api<Pod>, n: usize) -> Vec<Pod> {
     ready_warm_pods(pods).await.unwrap()
 }
 
+fn is_bound(tr: &ToolRun) -> bool {
+    tr.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Bound" && c.status == "True")
+    })
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -1008,24 +1042,32 @@ async fn warm_pods_serve_one_shot_runs_once_and_the_pool_refills() {
     assert!(spec["activeDeadlineSeconds"].is_null());
 
     // A one-shot python run binds one, runs there, and the pod goes after its one use.
-    let id = unique("warm");
-    let marker = format!("marker-{id}");
-    let r = run(
-        &d,
-        id.clone(),
-        json!({"language": "python", "code": format!("print('{marker}')")}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(r.code, None, "{r:?}");
-    assert_eq!(r.stdout(), format!("{marker}\n"));
-    let tr = toolrun_of(&kube, &id).await.unwrap();
+    // (Other tests running beside this one use python too and may take the pool's pods
+    // first: a run that found none is tried again.)
+    let mut attempt = 0;
+    let (marker, tr) = loop {
+        attempt += 1;
+        wait_warm(&pods, 1).await;
+        let id = unique("warm");
+        let marker = format!("marker-{id}");
+        let r = run(
+            &d,
+            id.clone(),
+            json!({"language": "python", "code": format!("print('{marker}')")}),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.code, None, "{r:?}");
+        assert_eq!(r.stdout(), format!("{marker}\n"));
+        let tr = toolrun_of(&kube, &id).await.unwrap();
+        if is_bound(&tr) {
+            break (marker, tr);
+        }
+        assert!(attempt < 5, "5 runs in a row found no warm pod");
+    };
     let st = tr.status.clone().unwrap();
     let used = st.pod_name.clone().unwrap();
-    assert!(
-        ready.iter().any(|p| p.name_any() == used),
-        "{used} was not one of the ready warm pods"
-    );
+    assert!(used.starts_with("warm-python-"), "{used}");
     let bound = st.conditions.iter().find(|c| c.type_ == "Bound").unwrap();
     assert_eq!(
         (bound.status.as_str(), bound.reason.as_str()),
@@ -1069,17 +1111,25 @@ async fn warm_pods_serve_one_shot_runs_once_and_the_pool_refills() {
     let mut warm = Vec::new();
     let mut cold = Vec::new();
     for i in 0..6 {
-        wait_warm(&pods, 1).await;
-        let t = Instant::now();
-        let r = run(
-            &d,
-            unique("warm-lat"),
-            json!({"language": "python", "code": "print(1)"}),
-        )
-        .await
-        .unwrap();
-        warm.push(t.elapsed());
-        assert_eq!(r.stdout(), "1\n", "{r:?}");
+        // Only runs that found a warm pod count as warm (see above).
+        for _ in 0..5 {
+            wait_warm(&pods, 1).await;
+            let id = unique("warm-lat");
+            let t = Instant::now();
+            let r = run(
+                &d,
+                id.clone(),
+                json!({"language": "python", "code": "print(1)"}),
+            )
+            .await
+            .unwrap();
+            let took = t.elapsed();
+            assert_eq!(r.stdout(), "1\n", "{r:?}");
+            if is_bound(&toolrun_of(&kube, &id).await.unwrap()) {
+                warm.push(took);
+                break;
+            }
+        }
         let t = Instant::now();
         // Another image-identical language without a pool: bash runs python3 -c.
         let r = run(
@@ -1092,6 +1142,11 @@ async fn warm_pods_serve_one_shot_runs_once_and_the_pool_refills() {
         cold.push(t.elapsed());
         assert_eq!(r.stdout(), "1\n", "{r:?} (run {i})");
     }
+    assert!(
+        warm.len() >= 3,
+        "only {} of the runs found a warm pod",
+        warm.len()
+    );
     warm.sort();
     cold.sort();
     eprintln!(

@@ -611,7 +611,8 @@ async fn after_the_ttl_the_run_its_pod_and_config_map_are_gone() {
                 "t",
                 "python",
                 "print(1)",
-                json!({"ttlSecondsAfterFinished": 1}),
+                // Long enough to see it finished before it goes (1 s raced the poll).
+                json!({"ttlSecondsAfterFinished": 4}),
             )?,
         )
         .await?;

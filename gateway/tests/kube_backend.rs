@@ -68,6 +68,23 @@ async fn ensure_crd(client: &Client) -> Result<()> {
             }
         },
     )
+    .await?;
+    // Established comes before API discovery serves the resource (on a fresh cluster the
+    // gateway's start-up check, which reads discovery, raced it): wait for that too.
+    wait_until(
+        Duration::from_secs(30),
+        "the ToolRun CRD served by discovery",
+        || {
+            let client = client.clone();
+            async move {
+                Ok(
+                    startup::check_crd(&client, "toolrun.dev/v1alpha1", "toolruns")
+                        .await
+                        .is_ok(),
+                )
+            }
+        },
+    )
     .await
 }
 

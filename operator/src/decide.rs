@@ -247,8 +247,16 @@ pub fn is_warm_pod(pod: &Pod) -> bool {
 
 /// A warm pod ready for a run: unclaimed, not going away, running its agent.
 pub fn is_ready_warm_pod(pod: &Pod) -> bool {
-    let agent_running = pod
-        .status
+    is_warm_pod(pod)
+        && pod.owner_references().is_empty()
+        && pod.metadata.deletion_timestamp.is_none()
+        && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+        && agent_running(pod)
+}
+
+/// The pod's agent container is running (a warm or session pod ready for requests).
+pub fn agent_running(pod: &Pod) -> bool {
+    pod.status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
         .into_iter()
@@ -256,12 +264,7 @@ pub fn is_ready_warm_pod(pod: &Pod) -> bool {
         .any(|c| {
             c.name == builders::AGENT_CONTAINER
                 && c.state.as_ref().is_some_and(|s| s.running.is_some())
-        });
-    is_warm_pod(pod)
-        && pod.owner_references().is_empty()
-        && pod.metadata.deletion_timestamp.is_none()
-        && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        && agent_running
+        })
 }
 
 /// Name of the pod of `attempt` (0 or 1) of the run `run_name`.
@@ -756,7 +759,8 @@ pub fn pending_problem(pod: &Pod) -> Option<String> {
     None
 }
 
-fn elapsed(since: Option<&Time>, now: Timestamp) -> Duration {
+/// Time from `since` to `now` (zero when unknown or in the future).
+pub fn elapsed(since: Option<&Time>, now: Timestamp) -> Duration {
     let Some(t) = since else {
         return Duration::ZERO;
     };

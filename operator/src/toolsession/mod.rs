@@ -37,10 +37,10 @@ use toolrun_crd::labels;
 use toolrun_crd::session::{SessionPhase, ToolSession, ToolSessionStatus};
 use tracing::{debug, info, warn};
 
-use crate::builders::{self, AGENT_CONTAINER};
+use crate::builders;
 use crate::config::OperatorConfig;
 use crate::controller::{Context, FIELD_MANAGER};
-use crate::decide::{is_terminal, pending_problem};
+use crate::decide::{agent_running, elapsed, is_terminal, pending_problem};
 
 /// Where programs and file tools see the workspace.
 pub const WORKSPACE: &str = "/workspace";
@@ -82,15 +82,6 @@ pub fn expires_at(ts: &ToolSession) -> Option<Timestamp> {
             idle,
         )))
         .ok()
-}
-
-fn agent_running(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| c.name == AGENT_CONTAINER && c.state.as_ref().is_some_and(|s| s.running.is_some()))
 }
 
 /// What to do about `ts`, whose pod is `pod`, at `now`.
@@ -172,13 +163,7 @@ pub fn decide(
         return want(SessionPhase::Ready, None);
     }
     if let Some(problem) = pending_problem(p) {
-        let age = p
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| (now.as_millisecond() - t.0.as_millisecond()).max(0) as u64)
-            .unwrap_or(0);
-        if Duration::from_millis(age) >= grace {
+        if elapsed(p.metadata.creation_timestamp.as_ref(), now) >= grace {
             return failed(problem);
         }
         return want(SessionPhase::Pending, Some(problem));

@@ -61,6 +61,10 @@ pub struct OperatorConfig {
     /// with the default pod limits and RuntimeClass runs in one of them instead of a new
     /// pod (see [`crate::warmpool`]). Empty: every run gets a cold pod.
     pub warm_pool: BTreeMap<String, u32>,
+    /// Warm session pods kept ready (`sessionWarmPool: 1`): a new ToolSession with the
+    /// default workspace, limits and RuntimeClass takes one instead of starting a pod (see
+    /// [`crate::toolsession`]). 0: every session starts its own pod.
+    pub session_warm_pool: u32,
 }
 
 /// Most warm pods kept for one language.
@@ -209,6 +213,7 @@ impl Default for OperatorConfig {
             ephemeral_storage_mib: 64,
             user_namespaces: false,
             warm_pool: BTreeMap::new(),
+            session_warm_pool: 0,
         }
     }
 }
@@ -476,6 +481,12 @@ impl Config {
                 return invalid(&key, format!("at most {MAX_WARM_POOL_SIZE} warm pods"));
             }
         }
+        if o.session_warm_pool > MAX_WARM_POOL_SIZE {
+            return invalid(
+                "sessionWarmPool",
+                format!("at most {MAX_WARM_POOL_SIZE} warm pods"),
+            );
+        }
         if let Some(a) = &o.artifacts {
             let under_tmp = a.dir.starts_with("/tmp/") && !a.dir.split('/').any(|c| c == "..");
             if !under_tmp {
@@ -658,6 +669,7 @@ mod file {
         ephemeral_storage_mib: Option<u32>,
         user_namespaces: Option<bool>,
         warm_pool: Option<BTreeMap<String, u32>>,
+        session_warm_pool: Option<u32>,
         controller: Option<Controller>,
     }
 
@@ -836,6 +848,7 @@ mod file {
             set(&mut o.ephemeral_storage_mib, self.ephemeral_storage_mib);
             set(&mut o.user_namespaces, self.user_namespaces);
             set(&mut o.warm_pool, self.warm_pool);
+            set(&mut o.session_warm_pool, self.session_warm_pool);
             if let Some(c) = self.controller {
                 let t = &mut config.controller;
                 set(&mut t.concurrency, c.concurrency);

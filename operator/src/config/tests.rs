@@ -221,6 +221,7 @@ fn bad_values_are_refused_with_their_key() {
         ),
         ("warmPool: {ruby: 1}\n", "warmPool.ruby"),
         ("warmPool: {python: 65}\n", "warmPool.python"),
+        ("sessionWarmPool: 65\n", "sessionWarmPool"),
         ("tmpSizeMiB: 0\n", "tmpSizeMiB"),
         ("tmpSizeMiB: 256\n", "tmpSizeMiB"),
         ("ephemeralStorageMiB: 1\n", "ephemeralStorageMiB"),
@@ -262,6 +263,9 @@ fn warm_pools_are_read_per_language() {
         ])
     );
     assert!(Config::default().operator.warm_pool.is_empty());
+    assert_eq!(Config::default().operator.session_warm_pool, 0);
+    let c = Config::from_yaml("sessionWarmPool: 3\n").unwrap();
+    assert_eq!(c.operator.session_warm_pool, 3);
 }
 
 #[test]

@@ -642,6 +642,7 @@ tmpSizeMiB: 64
 ephemeralStorageMiB: 64
 userNamespaces: false
 warmPool: {python: 2}
+sessionWarmPool: 1
 controller:
   concurrency: 16
   apiQps: 100
@@ -1144,6 +1145,7 @@ async fn bad_values_are_rejected_with_the_key_named() {
             vec![("sandbox.warmPool.python", json!(65))],
             "/sandbox/warmPool/python",
         ),
+        (vec![("sessions.warmPool", json!(65))], "/sessions/warmPool"),
         (vec![("operator.replicas", json!(-1))], "/operator/replicas"),
         (
             vec![("operator.controller.apiQps", json!(0))],
@@ -1887,9 +1889,10 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
     );
     assert!(c.command.starts_with("gcc ") && c.command.contains("{source}"));
     assert_eq!(c.image, Config::default().operator.images.bash);
-    // ... and the chart's warm pool (the operator keeps none unless told).
+    // ... and the chart's warm pools (the operator keeps none unless told).
     let warm = std::mem::take(&mut config.operator.warm_pool);
     assert_eq!(warm, [("python".to_string(), 2)].into());
+    assert_eq!(std::mem::take(&mut config.operator.session_warm_pool), 1);
     assert_eq!(config, Config::default());
 
     // Every value the chart passes on arrives where the operator reads it.
@@ -1917,6 +1920,7 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
             ("sandbox.ephemeralStorageMiB", json!(128)),
             ("sandbox.userNamespaces", json!(true)),
             ("sandbox.warmPool", json!({"python": 0, "bash": 3})),
+            ("sessions.warmPool", json!(3)),
             ("operator.controller.concurrency", json!(8)),
             ("operator.controller.apiQps", json!(20)),
             ("operator.controller.apiBurst", json!(40)),
@@ -1956,6 +1960,7 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
     assert_eq!(o.max_limits.processes, 128);
     assert_eq!(o.warm_pool.get("bash"), Some(&3));
     assert_eq!(o.warm_pool.get("python"), Some(&0));
+    assert_eq!(o.session_warm_pool, 3);
     assert_eq!(o.default_ttl_seconds_after_finished, 0);
     // baseEnv values merge onto the chart's defaults (Helm merges maps).
     assert_eq!(o.base_env.get("EXTRA").map(String::as_str), Some("1"));

@@ -971,7 +971,12 @@ async fn kill_the_operator_mid_run(prefix: &str, language: &str, code: &str, war
 
 /// Ready, unclaimed python warm pods (the chart's default pool: 2).
 async fn ready_warm_pods(pods: &Api<Pod>) -> Result<Vec<Pod>> {
-    let lp = ListParams::default().labels("toolrun.dev/warm-pool=python");
+    ready_pool_pods(pods, "python").await
+}
+
+/// The ready, unclaimed pods of the warm pool `pool` (a language or `toolrun.session`).
+async fn ready_pool_pods(pods: &Api<Pod>, pool: &str) -> Result<Vec<Pod>> {
+    let lp = ListParams::default().labels(&format!("toolrun.dev/warm-pool={pool}"));
     Ok(pods
         .list(&lp)
         .await?
@@ -2548,5 +2553,197 @@ async fn sessions_on_kubernetes_file_tools_runs_and_close() {
     assert_eq!(
         r.error.map(|e| e.code),
         Some(pb::ErrorCode::SessionNotFound as i32)
+    );
+}
+
+/// The value of `toolrun.dev/warm-pool` on warm session pods.
+const SESSION_POOL: &str = "toolrun.session";
+
+async fn create_session(c: &mut ToolServiceClient<tonic::transport::Channel>) -> String {
+    tokio::time::timeout(
+        Duration::from_secs(180),
+        c.create_session(pb::CreateSessionRequest {
+            session_id: String::new(),
+            approval_mode: pb::ApprovalMode::All as i32,
+            idle_timeout_seconds: 600,
+        }),
+    )
+    .await
+    .expect("CreateSession within 180 s")
+    .expect("CreateSession")
+    .into_inner()
+    .session_id
+}
+
+async fn session_object(
+    sessions: &Api<toolrun_crd::ToolSession>,
+    sid: &str,
+) -> toolrun_crd::ToolSession {
+    let mut list = sessions
+        .list(&ListParams::default().labels(&format!("toolrun.dev/session-id={sid}")))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(list.len(), 1, "one ToolSession for {sid}");
+    list.remove(0)
+}
+
+/// Sessions start from warm session pods (chart `sessions.warmPool`, 1 by default):
+/// CreateSession takes a ready pod of the pool instead of starting one, the pod becomes the
+/// session's (its owner and labels, out of the pool), the pool refills, and a session whose
+/// pod would differ (control: a workspace size of its own) still starts its own pod.
+#[tokio::test]
+async fn sessions_start_from_warm_pods_and_the_pool_refills() {
+    let Some(d) = deployed("sessions_start_from_warm_pods_and_the_pool_refills") else {
+        return;
+    };
+    let kube = Client::try_default().await.expect("kube client");
+    let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let mut c = client(&d).await;
+    let wait_pool = |pods: Api<Pod>| async move {
+        wait_until(Duration::from_secs(180), "a ready warm session pod", || {
+            let pods = pods.clone();
+            async move { Ok(!ready_pool_pods(&pods, SESSION_POOL).await?.is_empty()) }
+        })
+        .await
+        .unwrap();
+        ready_pool_pods(&pods, SESSION_POOL)
+            .await
+            .unwrap()
+            .iter()
+            .map(|p| p.name_any())
+            .collect::<BTreeSet<_>>()
+    };
+    let (mut creates, mut firsts) = (Vec::new(), Vec::new());
+    let mut used = BTreeSet::new();
+    for i in 0..3 {
+        let warm = wait_pool(pods.clone()).await;
+        let t = Instant::now();
+        let sid = create_session(&mut c).await;
+        creates.push(t.elapsed());
+        let (r, out) = session_call(
+            &mut c,
+            &sid,
+            "run_code",
+            json!({"language": "python", "code": "import os\nprint(os.getcwd())"}),
+        )
+        .await
+        .unwrap();
+        firsts.push(t.elapsed());
+        assert!(r.ok, "run_code #{i}: {r:?} {out}");
+        assert_eq!(out["stdout"], "/workspace\n", "{out}");
+        let ts = session_object(&sessions, &sid).await;
+        let pod_name = ts.ready_pod().expect("Ready with a pod").to_string();
+        assert!(
+            warm.contains(&pod_name),
+            "session #{i} runs in {pod_name}, the ready warm pods were {warm:?}"
+        );
+        assert!(
+            used.insert(pod_name.clone()),
+            "a warm pod serves one session"
+        );
+        // Now the session's: owned by it, its labels, out of the pool.
+        let p = pods.get(&pod_name).await.unwrap();
+        let labels = p.labels();
+        assert_eq!(
+            labels.get("toolrun.dev/session").map(String::as_str),
+            Some(ts.name_any().as_str())
+        );
+        assert!(labels.contains_key("toolrun.dev/tenant"), "{labels:?}");
+        assert!(!labels.contains_key("toolrun.dev/warm-pool"), "{labels:?}");
+        let owners = p.owner_references();
+        assert_eq!(owners.len(), 1, "{owners:?}");
+        assert_eq!(owners[0].kind, "ToolSession");
+        assert_eq!(Some(&owners[0].uid), ts.metadata.uid.as_ref());
+        // Its file tools reach the same pod.
+        let (r, out) = session_call(
+            &mut c,
+            &sid,
+            "write_file",
+            json!({"path": "w.txt", "content": "warm"}),
+        )
+        .await
+        .unwrap();
+        assert!(r.ok, "write_file: {r:?} {out}");
+        let (r, out) = session_call(&mut c, &sid, "shell", json!({"command": "cat w.txt"}))
+            .await
+            .unwrap();
+        assert_eq!(
+            (r.ok, out["stdout"].as_str()),
+            (true, Some("warm")),
+            "{out}"
+        );
+        c.close_session(pb::CloseSessionRequest {
+            session_id: sid.clone(),
+        })
+        .await
+        .expect("CloseSession");
+        wait_until(
+            Duration::from_secs(120),
+            "the claimed warm pod gone",
+            || {
+                let (pods, pod_name) = (pods.clone(), pod_name.clone());
+                async move { Ok(pods.get_opt(&pod_name).await?.is_none()) }
+            },
+        )
+        .await
+        .unwrap();
+    }
+    // The pool refilled with a pod no session used.
+    let warm = wait_pool(pods.clone()).await;
+    assert!(warm.is_disjoint(&used), "{warm:?} vs used {used:?}");
+
+    // Control: a ToolSession with a workspace size of its own starts a pod of its own,
+    // named after it, while a warm pod is ready.
+    let name = unique("ctl-size");
+    let mut own = toolrun_crd::ToolSession::new(
+        &name,
+        toolrun_crd::ToolSessionSpec {
+            session_id: name.clone(),
+            approval_mode: Default::default(),
+            idle_timeout_seconds: Some(600),
+            workspace: toolrun_crd::session::SessionWorkspace {
+                size_mib: Some(128),
+                storage_class_name: None,
+            },
+            limits: Default::default(),
+            runtime_class_name: None,
+        },
+    );
+    own.metadata.namespace = Some(SANDBOX_NS.into());
+    sessions.create(&PostParams::default(), &own).await.unwrap();
+    wait_until(
+        Duration::from_secs(180),
+        "the control session Ready",
+        || {
+            let (sessions, name) = (sessions.clone(), name.clone());
+            async move {
+                Ok(sessions
+                    .get_opt(&name)
+                    .await?
+                    .is_some_and(|s| s.ready_pod().is_some()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let ctl = sessions.get(&name).await.unwrap();
+    assert_eq!(ctl.ready_pod(), Some(name.as_str()), "a pod of its own");
+    let still = ready_pool_pods(&pods, SESSION_POOL).await.unwrap();
+    assert!(
+        still.iter().any(|p| warm.contains(&p.name_any())),
+        "the warm pod stayed in the pool: {warm:?}"
+    );
+    sessions
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+
+    creates.sort();
+    firsts.sort();
+    eprintln!(
+        "FIGURE warm session: CreateSession p50 {:?} max {:?}; to first run_code result p50 {:?} max {:?} (3 sessions)",
+        creates[1], creates[2], firsts[1], firsts[2]
     );
 }

@@ -288,6 +288,10 @@ pub struct KubernetesConfig {
     /// Sessions on Kubernetes: the operator's session relay (`SessionRelay`), through which
     /// the file tools reach a session pod. Unset: sessions are not served by this backend.
     pub session_relay: Option<SessionRelayConfig>,
+    /// StorageClass of session workspaces: set, each session's workspace is a
+    /// PersistentVolumeClaim of it (it outlives the session's pod: a lost pod is made again
+    /// with its files); unset, an emptyDir (gone with the pod).
+    pub session_storage_class_name: Option<String>,
 }
 
 /// Where the operator's session relay listens, and its token (`sandbox.kubernetes.sessionRelay`).
@@ -315,6 +319,7 @@ impl Default for KubernetesConfig {
             runtime_class_name: None,
             start_timeout_seconds: 120,
             session_relay: None,
+            session_storage_class_name: None,
         }
     }
 }
@@ -349,6 +354,15 @@ impl KubernetesConfig {
                 return Err(invalid(
                     "runtimeClassName",
                     format!("{rc:?} is not a RuntimeClass name (a DNS subdomain)"),
+                ));
+            }
+        }
+        if let Some(sc) = &self.session_storage_class_name {
+            let ok = !sc.is_empty() && sc.len() <= 253 && sc.split('.').all(is_dns_label);
+            if !ok {
+                return Err(invalid(
+                    "sessionStorageClassName",
+                    format!("{sc:?} is not a StorageClass name (a DNS subdomain)"),
                 ));
             }
         }
@@ -891,6 +905,14 @@ mod tests {
         let relay = c.sandbox.kubernetes.session_relay.unwrap();
         assert_eq!(relay.address, "http://toolrun-operator-relay.ns.svc:50052");
         assert_eq!(relay.timeout_seconds, 60);
+        assert_eq!(c.sandbox.kubernetes.session_storage_class_name, None);
+        let c =
+            Config::from_yaml("sandbox:\n  kubernetes:\n    sessionStorageClassName: local-disk\n")
+                .unwrap();
+        assert_eq!(
+            c.sandbox.kubernetes.session_storage_class_name.as_deref(),
+            Some("local-disk")
+        );
         for (yaml, key) in [
             ("namespace: Bad_NS", "sandbox.kubernetes.namespace"),
             ("namespace: ''", "sandbox.kubernetes.namespace"),
@@ -901,6 +923,10 @@ mod tests {
             (
                 "runtimeClassName: 'g visor'",
                 "sandbox.kubernetes.runtimeClassName",
+            ),
+            (
+                "sessionStorageClassName: 'Local Disk'",
+                "sandbox.kubernetes.sessionStorageClassName",
             ),
             (
                 "startTimeoutSeconds: 0",

@@ -2164,6 +2164,23 @@ async fn the_session_relay_is_reachable_only_from_the_gateway_with_a_shared_toke
         json!({"address": format!("http://toolrun-operator-relay.{NS}.svc:50052"),
                "tokenFile": "/etc/toolrun-relay/token"})
     );
+    // Workspaces are emptyDirs unless a StorageClass is given.
+    assert!(
+        config["sandbox"]["kubernetes"]
+            .get("sessionStorageClassName")
+            .is_none(),
+        "{config}"
+    );
+    let objs = render(&helm, &[("sessions.storageClassName", json!("local-disk"))])
+        .await
+        .expect("helm template with a StorageClass");
+    let cm = find(&objs, "ConfigMap", Some(NS), "toolrun-gateway");
+    let with_class =
+        helm::parse_manifests(cm["data"]["toolrun.yaml"].as_str().unwrap()).unwrap()[0].clone();
+    assert_eq!(
+        with_class["sandbox"]["kubernetes"]["sessionStorageClassName"],
+        "local-disk"
+    );
     // Only the operator attaches; the gateway can neither attach nor exec.
     let gateway = grants(find(&objs, "Role", Some(SANDBOX_NS), "toolrun-gateway"));
     assert!(

@@ -2747,3 +2747,251 @@ async fn sessions_start_from_warm_pods_and_the_pool_refills() {
         creates[1], creates[2], firsts[1], firsts[2]
     );
 }
+
+/// A ToolRun in session `session` running `code` (python), created through the API as a
+/// person would; its stdout once finished.
+async fn session_toolrun(runs: &Api<ToolRun>, session: &str, code: &str) -> String {
+    let name = unique("s-run");
+    let run: ToolRun = serde_json::from_value(json!({
+        "apiVersion": "toolrun.dev/v1alpha1",
+        "kind": "ToolRun",
+        "metadata": {"name": name, "namespace": SANDBOX_NS},
+        "spec": {"tool": "run_code", "callId": name, "language": "python", "code": code, "session": session},
+    }))
+    .unwrap();
+    runs.create(&PostParams::default(), &run).await.unwrap();
+    wait_finished(runs, &name, Duration::from_secs(120)).await;
+    let st = runs.get(&name).await.unwrap().status.unwrap_or_default();
+    assert_eq!(
+        st.verdict.map(|v| format!("{v:?}")).as_deref(),
+        Some("Ok"),
+        "ToolRun {name} in {session}: {st:?}"
+    );
+    st.stdout.unwrap_or_default()
+}
+
+/// A session pod that dies: with an emptyDir workspace the session is reported Failed (its
+/// files went with the pod) and calls get a typed error; with a workspace on a
+/// PersistentVolumeClaim the operator makes the pod again on the same claim and the files
+/// are still there. The claim is bound to a PersistentVolume this test makes on the node
+/// (the test cluster has no volume provisioner: a StorageClass without one and a hostPath
+/// volume).
+#[tokio::test]
+async fn a_session_pod_that_dies_is_reported_or_remade_with_its_workspace() {
+    let Some(d) = deployed("a_session_pod_that_dies_is_reported_or_remade_with_its_workspace")
+    else {
+        return;
+    };
+    let kube = Client::try_default().await.expect("kube client");
+    let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+
+    // 1. emptyDir: the pod is deleted under a live session.
+    let mut c = client(&d).await;
+    let sid = create_session(&mut c).await;
+    let (r, _) = session_call(
+        &mut c,
+        &sid,
+        "write_file",
+        json!({"path": "a.txt", "content": "x"}),
+    )
+    .await
+    .unwrap();
+    assert!(r.ok, "write_file: {r:?}");
+    let ts = session_object(&sessions, &sid).await;
+    let pod = ts.ready_pod().unwrap().to_string();
+    pods.delete(&pod, &now).await.unwrap();
+    wait_until(
+        Duration::from_secs(120),
+        "the session reported Failed",
+        || {
+            let (sessions, name) = (sessions.clone(), ts.name_any());
+            async move {
+                Ok(sessions
+                    .get(&name)
+                    .await?
+                    .status
+                    .is_some_and(|s| s.phase == Some(toolrun_crd::session::SessionPhase::Failed)))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let failed = sessions.get(&ts.name_any()).await.unwrap();
+    let message = failed.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(
+        message.contains(&pod) && message.contains("emptyDir"),
+        "{message}"
+    );
+    let (r, _) = session_call(&mut c, &sid, "read_file", json!({"path": "a.txt"}))
+        .await
+        .unwrap();
+    assert!(!r.ok, "a call in a failed session: {r:?}");
+    let e = r.error.unwrap();
+    assert_eq!(e.code, pb::ErrorCode::Unavailable as i32, "{e:?}");
+    assert!(
+        e.message.contains("Failed") || e.message.contains("emptyDir"),
+        "{e:?}"
+    );
+    // No second pod was made for it.
+    let remade = pods
+        .list(&ListParams::default().labels(&format!("toolrun.dev/session={}", ts.name_any())))
+        .await
+        .unwrap();
+    assert!(
+        remade.items.is_empty(),
+        "{:?}",
+        remade
+            .items
+            .iter()
+            .map(|p| p.name_any())
+            .collect::<Vec<_>>()
+    );
+    c.close_session(pb::CloseSessionRequest { session_id: sid })
+        .await
+        .expect("CloseSession of a failed session");
+
+    // 2. A claim: a StorageClass without a provisioner and a hostPath volume on the node.
+    let class = unique("e2e-local");
+    let pv_name = unique("e2e-pv");
+    let dir = std::env::temp_dir().join(&pv_name);
+    std::fs::create_dir_all(&dir).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        // The pod's uid is its own: the volume must be writable by it.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    }
+    let classes: Api<k8s_openapi::api::storage::v1::StorageClass> = Api::all(kube.clone());
+    classes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                "metadata": {"name": class},
+                "provisioner": "kubernetes.io/no-provisioner",
+                "volumeBindingMode": "Immediate",
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let pvs: Api<k8s_openapi::api::core::v1::PersistentVolume> = Api::all(kube.clone());
+    pvs.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "PersistentVolume",
+            "metadata": {"name": pv_name},
+            "spec": {
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "storageClassName": class,
+                "hostPath": {"path": dir.to_str().unwrap(), "type": "Directory"},
+            },
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let name = unique("pvc-session");
+    let mut object = toolrun_crd::ToolSession::new(
+        &name,
+        toolrun_crd::ToolSessionSpec {
+            session_id: name.clone(),
+            approval_mode: Default::default(),
+            idle_timeout_seconds: Some(600),
+            workspace: toolrun_crd::session::SessionWorkspace {
+                size_mib: Some(64),
+                storage_class_name: Some(class.clone()),
+            },
+            limits: Default::default(),
+            runtime_class_name: None,
+        },
+    );
+    object.metadata.namespace = Some(SANDBOX_NS.into());
+    sessions
+        .create(&PostParams::default(), &object)
+        .await
+        .unwrap();
+    let ready_pod_uid = |after: Option<String>| {
+        let (sessions, pods, name) = (sessions.clone(), pods.clone(), name.clone());
+        async move {
+            wait_until(Duration::from_secs(180), "the PVC session Ready", || {
+                let (sessions, pods, name, after) =
+                    (sessions.clone(), pods.clone(), name.clone(), after.clone());
+                async move {
+                    let Some(pod) = sessions.get(&name).await?.ready_pod().map(str::to_string)
+                    else {
+                        return Ok(false);
+                    };
+                    let now = pods.get_opt(&pod).await?.and_then(|p| p.metadata.uid);
+                    Ok(now.is_some() && now != after)
+                }
+            })
+            .await
+            .unwrap();
+            let pod = sessions
+                .get(&name)
+                .await
+                .unwrap()
+                .ready_pod()
+                .unwrap()
+                .to_string();
+            let uid = pods.get(&pod).await.unwrap().metadata.uid;
+            (pod, uid.unwrap())
+        }
+    };
+    let (pod, first_uid) = ready_pod_uid(None).await;
+    assert_eq!(pod, name, "a PVC session never takes a warm pod");
+    let out = session_toolrun(
+        &runs,
+        &name,
+        "open('/workspace/kept.txt','w').write('still here')\nprint('ok')",
+    )
+    .await;
+    assert_eq!(out, "ok\n");
+    pods.delete(&pod, &now).await.unwrap();
+    let (again, second_uid) = ready_pod_uid(Some(first_uid.clone())).await;
+    assert_eq!(again, name);
+    assert_ne!(second_uid, first_uid, "a new pod");
+    let out = session_toolrun(&runs, &name, "print(open('/workspace/kept.txt').read())").await;
+    assert_eq!(
+        out, "still here\n",
+        "the workspace came back with the claim"
+    );
+    // The session is Ready, never Failed, and its claim is the one it had.
+    let st = sessions.get(&name).await.unwrap().status.unwrap();
+    assert_eq!(st.phase, Some(toolrun_crd::session::SessionPhase::Ready));
+
+    // Deleting the session takes its pod and its claim with it.
+    sessions
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(kube.clone(), SANDBOX_NS);
+    wait_until(
+        Duration::from_secs(120),
+        "the session's pod and claim gone",
+        || {
+            let (pods, claims, name) = (pods.clone(), claims.clone(), name.clone());
+            async move {
+                Ok(pods.get_opt(&name).await?.is_none()
+                    && claims
+                        .get_opt(&format!("{name}-workspace"))
+                        .await?
+                        .is_none())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let _ = pvs.delete(&pv_name, &DeleteParams::default()).await;
+    let _ = classes.delete(&class, &DeleteParams::default()).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

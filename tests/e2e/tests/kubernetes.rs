@@ -2995,3 +2995,194 @@ async fn a_session_pod_that_dies_is_reported_or_remade_with_its_workspace() {
     let _ = classes.delete(&class, &DeleteParams::default()).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Killing the operator during session calls: a run_code in flight in the session pod ends
+/// with its one execution's result (its program ran once: the line it appends is there
+/// once), a file call made while no operator runs ends with a result or a typed error
+/// (never a hang), and the session serves again once the operator is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_operator_during_session_calls_loses_nothing_and_runs_once() {
+    let Some(d) = deployed("operator-killed-session") else {
+        return;
+    };
+    let _operator_pods = OPERATOR_PODS.lock().await;
+    let kube = Client::try_default().await.unwrap();
+    let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let sandbox_pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let system_pods: Api<Pod> = Api::namespaced(kube.clone(), SYSTEM_NS);
+    let mut c = client(&d).await;
+    let sid = create_session(&mut c).await;
+    let pod = session_object(&sessions, &sid)
+        .await
+        .ready_pod()
+        .unwrap()
+        .to_string();
+    let code = "import time\nprint('begin', flush=True)\ntime.sleep(8)\nopen('once.txt','a').write('ran\\n')\nprint('end')";
+    let call = {
+        let (mut c, sid) = (c.clone(), sid.clone());
+        tokio::spawn(async move {
+            session_call(
+                &mut c,
+                &sid,
+                "run_code",
+                json!({"language": "python", "code": code, "timeout": 60}),
+            )
+            .await
+        })
+    };
+    // The program runs in the session pod (its first line in the agent's log).
+    wait_until(Duration::from_secs(60), "the program's first line", || {
+        let (pods, pod) = (sandbox_pods.clone(), pod.clone());
+        async move {
+            let lp = kube::api::LogParams {
+                container: Some("agent".into()),
+                ..Default::default()
+            };
+            Ok(pods.logs(&pod, &lp).await?.contains("begin"))
+        }
+    })
+    .await
+    .unwrap();
+    let ops = ListParams::default().labels("app.kubernetes.io/component=operator");
+    let killed: Vec<String> = system_pods
+        .list(&ops)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert!(!killed.is_empty(), "no operator pod found");
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    for p in &killed {
+        system_pods.delete(p, &now).await.unwrap();
+    }
+    // A file call while no operator serves the relay: an answer, typed, not a hang.
+    let t = Instant::now();
+    let during = tokio::time::timeout(
+        Duration::from_secs(150),
+        session_call(&mut c, &sid, "list_files", json!({"path": "."})),
+    )
+    .await
+    .expect("a file call during the outage answers")
+    .unwrap();
+    eprintln!(
+        "file call during the operator outage: ok={} error={:?} after {:?}",
+        during.0.ok,
+        during.0.error,
+        t.elapsed()
+    );
+    if !during.0.ok {
+        let code = during.0.error.as_ref().map(|e| e.code);
+        assert_eq!(
+            code,
+            Some(pb::ErrorCode::Unavailable as i32),
+            "{:?}",
+            during.0
+        );
+    }
+    // The run in flight: its result, once.
+    let (r, out) = tokio::time::timeout(Duration::from_secs(180), call)
+        .await
+        .expect("the run in flight answers")
+        .unwrap()
+        .unwrap();
+    assert!(r.ok, "run_code across the operator's death: {r:?} {out}");
+    assert_eq!(out["stdout"], "begin\nend\n", "{out}");
+    // The session serves again, in the same pod, and the program ran once.
+    let (r, out) = session_call(&mut c, &sid, "read_file", json!({"path": "once.txt"}))
+        .await
+        .unwrap();
+    assert!(r.ok, "read_file after: {r:?}");
+    assert_eq!(out["content"], "     1\tran\n", "ran once: {out}");
+    assert_eq!(
+        session_object(&sessions, &sid).await.ready_pod(),
+        Some(pod.as_str())
+    );
+    let new_ops = system_pods.list(&ops).await.unwrap().items;
+    assert!(new_ops.iter().all(|p| !killed.contains(&p.name_any())));
+    c.close_session(pb::CloseSessionRequest { session_id: sid })
+        .await
+        .expect("CloseSession");
+}
+
+/// A session idle past its timeout ends by itself: its ToolSession and pod go (the operator
+/// expires it even without a gateway call), and the session id is then unknown. Control: a
+/// session used within its timeout lives on.
+#[tokio::test]
+async fn idle_sessions_expire_and_leave_no_pod_behind() {
+    let Some(d) = deployed("idle_sessions_expire_and_leave_no_pod_behind") else {
+        return;
+    };
+    let kube = Client::try_default().await.unwrap();
+    let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let mut c = client(&d).await;
+    let create = |idle: u32| {
+        let mut c = c.clone();
+        async move {
+            c.create_session(pb::CreateSessionRequest {
+                session_id: String::new(),
+                approval_mode: pb::ApprovalMode::All as i32,
+                idle_timeout_seconds: idle,
+            })
+            .await
+            .expect("CreateSession")
+            .into_inner()
+            .session_id
+        }
+    };
+    let short = create(8).await;
+    let long = create(600).await;
+    let short_ts = session_object(&sessions, &short).await;
+    let short_pod = short_ts.ready_pod().unwrap().to_string();
+    let (r, _) = session_call(
+        &mut c,
+        &short,
+        "run_code",
+        json!({"language": "python", "code": "print(1)"}),
+    )
+    .await
+    .unwrap();
+    assert!(r.ok, "{r:?}");
+    let t = Instant::now();
+    wait_until(
+        Duration::from_secs(90),
+        "the idle session and its pod gone",
+        || {
+            let (sessions, pods, name, pod) = (
+                sessions.clone(),
+                pods.clone(),
+                short_ts.name_any(),
+                short_pod.clone(),
+            );
+            async move {
+                Ok(sessions.get_opt(&name).await?.is_none() && pods.get_opt(&pod).await?.is_none())
+            }
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!(
+        "idle session (8 s) gone {:?} after its last call",
+        t.elapsed()
+    );
+    let (r, _) = session_call(&mut c, &short, "read_file", json!({"path": "x"}))
+        .await
+        .unwrap();
+    assert_eq!(
+        r.error.map(|e| e.code),
+        Some(pb::ErrorCode::SessionNotFound as i32)
+    );
+    // Control: the long one is still Ready and serves.
+    let (r, out) = session_call(&mut c, &long, "shell", json!({"command": "echo alive"}))
+        .await
+        .unwrap();
+    assert!(r.ok && out["stdout"] == "alive\n", "{r:?} {out}");
+    c.close_session(pb::CloseSessionRequest { session_id: long })
+        .await
+        .expect("CloseSession");
+}

@@ -65,6 +65,10 @@ pub struct OperatorConfig {
     /// default workspace, limits and RuntimeClass takes one instead of starting a pod (see
     /// [`crate::toolsession`]). 0: every session starts its own pod.
     pub session_warm_pool: u32,
+    /// Workspace size of a ToolSession that does not give one, MiB (16..=1048576; 1024,
+    /// the gateway's `sessions.workspace_size_mb` default); warm session pods are made
+    /// with it, so sessions of this size take them.
+    pub session_workspace_mib: u32,
 }
 
 /// Most warm pods kept for one language.
@@ -214,6 +218,7 @@ impl Default for OperatorConfig {
             user_namespaces: false,
             warm_pool: BTreeMap::new(),
             session_warm_pool: 0,
+            session_workspace_mib: 1024,
         }
     }
 }
@@ -578,6 +583,9 @@ impl Config {
         if o.ephemeral_storage_mib < 16 {
             return invalid("ephemeralStorageMiB", "must be at least 16".into());
         }
+        if !(16..=1_048_576).contains(&o.session_workspace_mib) {
+            return invalid("sessionWorkspaceMiB", "must be 16..=1048576".into());
+        }
         for name in o.base_env.keys() {
             let ident = name
                 .chars()
@@ -670,6 +678,8 @@ mod file {
         user_namespaces: Option<bool>,
         warm_pool: Option<BTreeMap<String, u32>>,
         session_warm_pool: Option<u32>,
+        #[serde(rename = "sessionWorkspaceMiB")]
+        session_workspace_mib: Option<u32>,
         controller: Option<Controller>,
     }
 
@@ -849,6 +859,7 @@ mod file {
             set(&mut o.user_namespaces, self.user_namespaces);
             set(&mut o.warm_pool, self.warm_pool);
             set(&mut o.session_warm_pool, self.session_warm_pool);
+            set(&mut o.session_workspace_mib, self.session_workspace_mib);
             if let Some(c) = self.controller {
                 let t = &mut config.controller;
                 set(&mut t.concurrency, c.concurrency);

@@ -222,6 +222,7 @@ fn bad_values_are_refused_with_their_key() {
         ("warmPool: {ruby: 1}\n", "warmPool.ruby"),
         ("warmPool: {python: 65}\n", "warmPool.python"),
         ("sessionWarmPool: 65\n", "sessionWarmPool"),
+        ("sessionWorkspaceMiB: 8\n", "sessionWorkspaceMiB"),
         ("tmpSizeMiB: 0\n", "tmpSizeMiB"),
         ("tmpSizeMiB: 256\n", "tmpSizeMiB"),
         ("ephemeralStorageMiB: 1\n", "ephemeralStorageMiB"),

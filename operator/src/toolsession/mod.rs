@@ -54,8 +54,6 @@ use crate::warmpool;
 
 /// Where programs and file tools see the workspace.
 pub const WORKSPACE: &str = "/workspace";
-/// Workspace size when the session does not say, MiB.
-pub const DEFAULT_WORKSPACE_MIB: u32 = 256;
 /// Idle timeout when the session does not say (the gateway always does).
 pub const DEFAULT_IDLE_SECONDS: u32 = 3600;
 /// A session is looked at at least this often (idle expiry).
@@ -300,7 +298,11 @@ fn workspace_pod(
         (labels::TENANT.to_string(), tenant),
     ]);
     let mut pod = builders::agent_pod(name, "python", pod_labels, config)?;
-    let size = ts.spec.workspace.size_mib.unwrap_or(DEFAULT_WORKSPACE_MIB);
+    let size = ts
+        .spec
+        .workspace
+        .size_mib
+        .unwrap_or(config.session_workspace_mib);
     // The pod's own resources: the session's limits (runs take theirs from the request).
     let limits = builders::resolve_limits(&ts.spec.limits, config)?;
     pod.metadata.owner_references = Some(vec![owner(ts)]);
@@ -369,8 +371,12 @@ fn workspace_pod(
 }
 
 /// The workspace claim of a persistent session.
-pub fn workspace_claim(ts: &ToolSession) -> PersistentVolumeClaim {
-    let size = ts.spec.workspace.size_mib.unwrap_or(DEFAULT_WORKSPACE_MIB);
+pub fn workspace_claim(ts: &ToolSession, config: &OperatorConfig) -> PersistentVolumeClaim {
+    let size = ts
+        .spec
+        .workspace
+        .size_mib
+        .unwrap_or(config.session_workspace_mib);
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(claim_name(&ts.name_any())),
@@ -464,7 +470,7 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
             if ts.spec.workspace.storage_class_name.is_some() {
                 let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
                 match pvcs
-                    .create(&PostParams::default(), &workspace_claim(&ts))
+                    .create(&PostParams::default(), &workspace_claim(&ts, &ctx.config))
                     .await
                 {
                     Ok(_) => {}

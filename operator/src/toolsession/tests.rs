@@ -154,9 +154,9 @@ fn the_session_pod_is_a_locked_down_agent_with_its_workspace() {
         .iter()
         .find(|v| v["name"] == "workspace")
         .unwrap();
-    assert_eq!(ws["emptyDir"]["sizeLimit"], "256Mi");
+    assert_eq!(ws["emptyDir"]["sizeLimit"], "1024Mi");
     // The emptyDir counts against the pod's ephemeral storage: it grows by as much.
-    assert_eq!(c["resources"]["limits"]["ephemeral-storage"], "320Mi");
+    assert_eq!(c["resources"]["limits"]["ephemeral-storage"], "1088Mi");
     // A claim of the storage class instead, owned by the session.
     let mut s = session(600);
     s.spec.workspace = SessionWorkspace {
@@ -172,7 +172,7 @@ fn the_session_pod_is_a_locked_down_agent_with_its_workspace() {
         .unwrap()
         .clone();
     assert_eq!(ws["persistentVolumeClaim"]["claimName"], "ts-abc-workspace");
-    let claim = serde_json::to_value(workspace_claim(&s)).unwrap();
+    let claim = serde_json::to_value(workspace_claim(&s, &OperatorConfig::default())).unwrap();
     assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "1024Mi");
     assert_eq!(claim["spec"]["storageClassName"], "standard");
     // A RuntimeClass the operator does not allow is refused.
@@ -252,8 +252,14 @@ fn only_sessions_whose_pod_would_be_the_warm_one_take_it() {
     let mut s = session(600);
     s.spec.workspace.size_mib = Some(512);
     assert!(!takes_warm_pod(&s, &config));
+    // ... unless that is the configured size of warm session pods.
+    let sized = OperatorConfig {
+        session_workspace_mib: 512,
+        ..config.clone()
+    };
+    assert!(takes_warm_pod(&s, &sized));
     let mut s = session(600);
-    s.spec.workspace.size_mib = Some(DEFAULT_WORKSPACE_MIB);
+    s.spec.workspace.size_mib = Some(config.session_workspace_mib);
     assert!(takes_warm_pod(&s, &config), "the default size, said");
     let mut s = session(600);
     s.spec.workspace.storage_class_name = Some("standard".into());

@@ -643,6 +643,7 @@ ephemeralStorageMiB: 64
 userNamespaces: false
 warmPool: {python: 2}
 sessionWarmPool: 1
+sessionWorkspaceMiB: 1024
 controller:
   concurrency: 16
   apiQps: 100
@@ -1262,6 +1263,14 @@ async fn bad_values_are_rejected_with_the_key_named() {
         (
             vec![("gateway.tls.clientCASecretName", json!("ca"))],
             "gateway.tls.clientCASecretName: client certificates need TLS",
+        ),
+        (
+            vec![("gateway.config.sessions.workspace_size_mb", json!(64))],
+            "gateway.config.sessions.workspace_size_mb: set sessions.workspaceSizeMiB instead",
+        ),
+        (
+            vec![("sessions.workspaceSizeMiB", json!(8))],
+            "/sessions/workspaceSizeMiB",
         ),
         (
             vec![
@@ -1893,6 +1902,8 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
     let warm = std::mem::take(&mut config.operator.warm_pool);
     assert_eq!(warm, [("python".to_string(), 2)].into());
     assert_eq!(std::mem::take(&mut config.operator.session_warm_pool), 1);
+    // The gateway's default workspace size, which is the operator's.
+    assert_eq!(config.operator.session_workspace_mib, 1024);
     assert_eq!(config, Config::default());
 
     // Every value the chart passes on arrives where the operator reads it.
@@ -1921,6 +1932,7 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
             ("sandbox.userNamespaces", json!(true)),
             ("sandbox.warmPool", json!({"python": 0, "bash": 3})),
             ("sessions.warmPool", json!(3)),
+            ("sessions.workspaceSizeMiB", json!(256)),
             ("operator.controller.concurrency", json!(8)),
             ("operator.controller.apiQps", json!(20)),
             ("operator.controller.apiBurst", json!(40)),
@@ -1961,6 +1973,7 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
     assert_eq!(o.warm_pool.get("bash"), Some(&3));
     assert_eq!(o.warm_pool.get("python"), Some(&0));
     assert_eq!(o.session_warm_pool, 3);
+    assert_eq!(o.session_workspace_mib, 256);
     assert_eq!(o.default_ttl_seconds_after_finished, 0);
     // baseEnv values merge onto the chart's defaults (Helm merges maps).
     assert_eq!(o.base_env.get("EXTRA").map(String::as_str), Some("1"));

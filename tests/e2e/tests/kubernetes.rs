@@ -1,7 +1,9 @@
 //! toolrun on Kubernetes, end to end, on the real cluster: `helm install` of `helm/toolrun`
 //! (the CRD, the operator, the gateway with `--backend kubernetes`, the sandbox namespace),
 //! then calls through the in-cluster gateway with a real gRPC client, ToolRuns applied with
-//! kubectl, and the hostile programs of SECURITY-CASES.md that apply to pods.
+//! kubectl, the hostile programs of SECURITY-CASES.md that apply to pods, and the sessions
+//! contract of `gateway/tests/session_contract` (`sessions_contract::*`, the cases the local
+//! suite `gateway/tests/sessions.rs` runs too).
 //!
 //! One release serves every test of this file (installed by the first test that needs it,
 //! `helm upgrade --install`, so a rerun reuses it): release `toolrun-e2e` in namespace
@@ -2399,7 +2401,8 @@ async fn sessions_on_kubernetes_file_tools_runs_and_close() {
         .to_string();
     assert_eq!(ts.spec.session_id, sid);
 
-    // The file tools through the relay.
+    // The file tools through the relay (every tool, its errors and escapes: the sessions
+    // contract below).
     let (r, out) = session_call(
         &mut c,
         &sid,
@@ -2425,25 +2428,6 @@ async fn sessions_on_kubernetes_file_tools_runs_and_close() {
     .unwrap();
     assert!(r.ok, "edit: {r:?}");
     assert_eq!(out["replacements"], 1, "{out}");
-    let (r, out) = session_call(&mut c, &sid, "grep", json!({"pattern": "gamma"}))
-        .await
-        .unwrap();
-    assert!(r.ok, "grep: {r:?}");
-    assert_eq!(out["matches"][0]["path"], "src/data.txt", "{out}");
-    let (r, _) = session_call(
-        &mut c,
-        &sid,
-        "read_file",
-        json!({"path": "../../etc/passwd"}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        r.error.map(|e| e.code),
-        Some(pb::ErrorCode::InvalidPath as i32),
-        "escapes are INVALID_PATH, as locally"
-    );
-
     // run_code and shell see the files, and write files the file tools see.
     let (r, out) = session_call(
         &mut c,
@@ -3185,4 +3169,44 @@ async fn idle_sessions_expire_and_leave_no_pod_behind() {
     c.close_session(pb::CloseSessionRequest { session_id: long })
         .await
         .expect("CloseSession");
+}
+
+// ----------------------------------------------------------------------- the sessions contract
+
+/// The sessions contract: the same cases `gateway/tests/sessions.rs` runs against a local
+/// gateway, here against the deployed one (one contract, two backends).
+#[path = "../../../gateway/tests/session_contract/mod.rs"]
+mod session_contract;
+
+/// One test per contract case, all against the shared release's gateway, in parallel (each
+/// case uses sessions and paths of its own). Run them alone with
+/// `cargo test -p toolrun-e2e --test kubernetes sessions_contract::`.
+mod sessions_contract {
+    use super::{client, deployed, session_contract};
+
+    /// The deployed gateway: a caller sees nothing of it beyond gRPC (no host mounts,
+    /// processes or files; GetSession reports no workspace usage on this backend).
+    struct OverGrpc;
+
+    impl session_contract::Probe for OverGrpc {}
+
+    /// Bound of one case: sessions are pods and programs are ToolRuns on a small node.
+    const CASE_BOUND: std::time::Duration = std::time::Duration::from_secs(600);
+
+    macro_rules! contract {
+        ($($case:ident),* $(,)?) => {$(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let Some(d) = deployed(concat!("sessions_contract::", stringify!($case))) else {
+                    return;
+                };
+                let mut c = client(&d).await;
+                tokio::time::timeout(CASE_BOUND, session_contract::$case(&mut c, &OverGrpc))
+                    .await
+                    .unwrap_or_else(|_| panic!("not finished within {CASE_BOUND:?}"));
+            }
+        )*};
+    }
+
+    session_contract::every_case!(contract);
 }

@@ -50,9 +50,11 @@ struct Deployed {
 
 static DEPLOYED: OnceLock<Option<Result<Deployed, String>>> = OnceLock::new();
 
-/// Held by the test that kills operator pods, and by tests that need an operator pod to
-/// stay where it is (the network test connects to one's IP).
-static OPERATOR_PODS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Written (held alone) by the tests that kill operator pods and by tests that need an
+/// operator pod to stay where it is (the network test connects to one's IP); read (held
+/// together) by the session tests, which need the operator's relay and ToolSession
+/// controller up but not each other's absence.
+static OPERATOR_PODS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -815,7 +817,7 @@ async fn killing_the_operator_mid_warm_run_loses_nothing_and_sends_it_once() {
 /// replacement records the one execution's result, from the same pod (`warm`: a bound warm
 /// pod, which is then deleted; else the run's own pod, which is kept).
 async fn kill_the_operator_mid_run(prefix: &str, language: &str, code: &str, warm: bool) {
-    let _operator_pods = OPERATOR_PODS.lock().await;
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.unwrap();
     let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let sandbox_pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
@@ -1025,7 +1027,7 @@ async fn warm_pods_serve_one_shot_runs_once_and_the_pool_refills() {
     };
     // Not while the operator is being killed: a new leader offers no warm pod until its
     // cache of them is filled (those runs take the cold path, correctly, but not here).
-    let _operator_pods = OPERATOR_PODS.lock().await;
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let ready = wait_warm(&pods, 2).await;
@@ -1273,7 +1275,7 @@ async fn sandbox_cannot_reach_anything_on_the_network() {
         return;
     };
     // An operator pod that stays put for the test (another test kills operator pods).
-    let _operator_pods = OPERATOR_PODS.lock().await;
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.unwrap();
     let operator_pod_ip = ready_pod_ip(&kube, "operator").await.unwrap();
     let targets = [
@@ -2368,6 +2370,7 @@ async fn sessions_on_kubernetes_file_tools_runs_and_close() {
     let Some(d) = deployed("sessions_on_kubernetes_file_tools_runs_and_close") else {
         return;
     };
+    let _operator_pods = OPERATOR_PODS.read().await;
     let kube = Client::try_default().await.expect("kube client");
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let mut c = client(&d).await;
@@ -3182,7 +3185,7 @@ mod session_contract;
 /// case uses sessions and paths of its own). Run them alone with
 /// `cargo test -p toolrun-e2e --test kubernetes sessions_contract::`.
 mod sessions_contract {
-    use super::{client, deployed, session_contract};
+    use super::{OPERATOR_PODS, client, deployed, session_contract};
 
     /// The deployed gateway: a caller sees nothing of it beyond gRPC (no host mounts,
     /// processes or files; GetSession reports no workspace usage on this backend).
@@ -3200,6 +3203,8 @@ mod sessions_contract {
                 let Some(d) = deployed(concat!("sessions_contract::", stringify!($case))) else {
                     return;
                 };
+                // Not while operator pods are killed: sessions need its relay.
+                let _operator_pods = OPERATOR_PODS.read().await;
                 let mut c = client(&d).await;
                 tokio::time::timeout(CASE_BOUND, session_contract::$case(&mut c, &OverGrpc))
                     .await

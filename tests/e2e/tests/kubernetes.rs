@@ -50,9 +50,10 @@ struct Deployed {
 
 static DEPLOYED: OnceLock<Option<Result<Deployed, String>>> = OnceLock::new();
 
-/// Written (held alone) by the tests that kill operator pods and by tests that need an
-/// operator pod to stay where it is (the network test connects to one's IP); read (held
-/// together) by the session tests, which need the operator's relay and ToolSession
+/// Written (held alone) by the tests that kill operator pods, by tests that need an
+/// operator pod to stay where it is (the network test connects to one's IP) and by the
+/// tests that count warm pods (which other tests' runs and sessions would take); read (held
+/// together) by the other session tests, which need the operator's relay and ToolSession
 /// controller up but not each other's absence.
 static OPERATOR_PODS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
@@ -2584,6 +2585,7 @@ async fn sessions_start_from_warm_pods_and_the_pool_refills() {
     let Some(d) = deployed("sessions_start_from_warm_pods_and_the_pool_refills") else {
         return;
     };
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.expect("kube client");
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
@@ -2769,6 +2771,7 @@ async fn a_session_pod_that_dies_is_reported_or_remade_with_its_workspace() {
     else {
         return;
     };
+    let _operator_pods = OPERATOR_PODS.read().await;
     let kube = Client::try_default().await.expect("kube client");
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
@@ -2992,7 +2995,7 @@ async fn killing_the_operator_during_session_calls_loses_nothing_and_runs_once()
     let Some(d) = deployed("operator-killed-session") else {
         return;
     };
-    let _operator_pods = OPERATOR_PODS.lock().await;
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.unwrap();
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let sandbox_pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
@@ -3104,6 +3107,7 @@ async fn idle_sessions_expire_and_leave_no_pod_behind() {
     let Some(d) = deployed("idle_sessions_expire_and_leave_no_pod_behind") else {
         return;
     };
+    let _operator_pods = OPERATOR_PODS.read().await;
     let kube = Client::try_default().await.unwrap();
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);

@@ -1,7 +1,9 @@
 //! toolrun on Kubernetes, end to end, on the real cluster: `helm install` of `helm/toolrun`
 //! (the CRD, the operator, the gateway with `--backend kubernetes`, the sandbox namespace),
 //! then calls through the in-cluster gateway with a real gRPC client, ToolRuns applied with
-//! kubectl, and the hostile programs of SECURITY-CASES.md that apply to pods.
+//! kubectl, the hostile programs of SECURITY-CASES.md that apply to pods, and the sessions
+//! contract of `gateway/tests/session_contract` (`sessions_contract::*`, the cases the local
+//! suite `gateway/tests/sessions.rs` runs too).
 //!
 //! One release serves every test of this file (installed by the first test that needs it,
 //! `helm upgrade --install`, so a rerun reuses it): release `toolrun-e2e` in namespace
@@ -48,9 +50,12 @@ struct Deployed {
 
 static DEPLOYED: OnceLock<Option<Result<Deployed, String>>> = OnceLock::new();
 
-/// Held by the test that kills operator pods, and by tests that need an operator pod to
-/// stay where it is (the network test connects to one's IP).
-static OPERATOR_PODS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// Written (held alone) by the tests that kill operator pods, by tests that need an
+/// operator pod to stay where it is (the network test connects to one's IP) and by the
+/// tests that count warm pods (which other tests' runs and sessions would take); read (held
+/// together) by the other session tests, which need the operator's relay and ToolSession
+/// controller up but not each other's absence.
+static OPERATOR_PODS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -813,7 +818,7 @@ async fn killing_the_operator_mid_warm_run_loses_nothing_and_sends_it_once() {
 /// replacement records the one execution's result, from the same pod (`warm`: a bound warm
 /// pod, which is then deleted; else the run's own pod, which is kept).
 async fn kill_the_operator_mid_run(prefix: &str, language: &str, code: &str, warm: bool) {
-    let _operator_pods = OPERATOR_PODS.lock().await;
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.unwrap();
     let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let sandbox_pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
@@ -1023,7 +1028,7 @@ async fn warm_pods_serve_one_shot_runs_once_and_the_pool_refills() {
     };
     // Not while the operator is being killed: a new leader offers no warm pod until its
     // cache of them is filled (those runs take the cold path, correctly, but not here).
-    let _operator_pods = OPERATOR_PODS.lock().await;
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let ready = wait_warm(&pods, 2).await;
@@ -1271,7 +1276,7 @@ async fn sandbox_cannot_reach_anything_on_the_network() {
         return;
     };
     // An operator pod that stays put for the test (another test kills operator pods).
-    let _operator_pods = OPERATOR_PODS.lock().await;
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.unwrap();
     let operator_pod_ip = ready_pod_ip(&kube, "operator").await.unwrap();
     let targets = [
@@ -2366,6 +2371,7 @@ async fn sessions_on_kubernetes_file_tools_runs_and_close() {
     let Some(d) = deployed("sessions_on_kubernetes_file_tools_runs_and_close") else {
         return;
     };
+    let _operator_pods = OPERATOR_PODS.read().await;
     let kube = Client::try_default().await.expect("kube client");
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let mut c = client(&d).await;
@@ -2399,7 +2405,8 @@ async fn sessions_on_kubernetes_file_tools_runs_and_close() {
         .to_string();
     assert_eq!(ts.spec.session_id, sid);
 
-    // The file tools through the relay.
+    // The file tools through the relay (every tool, its errors and escapes: the sessions
+    // contract below).
     let (r, out) = session_call(
         &mut c,
         &sid,
@@ -2425,25 +2432,6 @@ async fn sessions_on_kubernetes_file_tools_runs_and_close() {
     .unwrap();
     assert!(r.ok, "edit: {r:?}");
     assert_eq!(out["replacements"], 1, "{out}");
-    let (r, out) = session_call(&mut c, &sid, "grep", json!({"pattern": "gamma"}))
-        .await
-        .unwrap();
-    assert!(r.ok, "grep: {r:?}");
-    assert_eq!(out["matches"][0]["path"], "src/data.txt", "{out}");
-    let (r, _) = session_call(
-        &mut c,
-        &sid,
-        "read_file",
-        json!({"path": "../../etc/passwd"}),
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        r.error.map(|e| e.code),
-        Some(pb::ErrorCode::InvalidPath as i32),
-        "escapes are INVALID_PATH, as locally"
-    );
-
     // run_code and shell see the files, and write files the file tools see.
     let (r, out) = session_call(
         &mut c,
@@ -2597,6 +2585,7 @@ async fn sessions_start_from_warm_pods_and_the_pool_refills() {
     let Some(d) = deployed("sessions_start_from_warm_pods_and_the_pool_refills") else {
         return;
     };
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.expect("kube client");
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
@@ -2782,6 +2771,7 @@ async fn a_session_pod_that_dies_is_reported_or_remade_with_its_workspace() {
     else {
         return;
     };
+    let _operator_pods = OPERATOR_PODS.read().await;
     let kube = Client::try_default().await.expect("kube client");
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
@@ -3005,7 +2995,7 @@ async fn killing_the_operator_during_session_calls_loses_nothing_and_runs_once()
     let Some(d) = deployed("operator-killed-session") else {
         return;
     };
-    let _operator_pods = OPERATOR_PODS.lock().await;
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.unwrap();
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let sandbox_pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
@@ -3117,6 +3107,7 @@ async fn idle_sessions_expire_and_leave_no_pod_behind() {
     let Some(d) = deployed("idle_sessions_expire_and_leave_no_pod_behind") else {
         return;
     };
+    let _operator_pods = OPERATOR_PODS.read().await;
     let kube = Client::try_default().await.unwrap();
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
@@ -3185,4 +3176,46 @@ async fn idle_sessions_expire_and_leave_no_pod_behind() {
     c.close_session(pb::CloseSessionRequest { session_id: long })
         .await
         .expect("CloseSession");
+}
+
+// ----------------------------------------------------------------------- the sessions contract
+
+/// The sessions contract: the same cases `gateway/tests/sessions.rs` runs against a local
+/// gateway, here against the deployed one (one contract, two backends).
+#[path = "../../../gateway/tests/session_contract/mod.rs"]
+mod session_contract;
+
+/// One test per contract case, all against the shared release's gateway, in parallel (each
+/// case uses sessions and paths of its own). Run them alone with
+/// `cargo test -p toolrun-e2e --test kubernetes sessions_contract::`.
+mod sessions_contract {
+    use super::{OPERATOR_PODS, client, deployed, session_contract};
+
+    /// The deployed gateway: a caller sees nothing of it beyond gRPC (no host mounts,
+    /// processes or files; GetSession reports no workspace usage on this backend).
+    struct OverGrpc;
+
+    impl session_contract::Probe for OverGrpc {}
+
+    /// Bound of one case: sessions are pods and programs are ToolRuns on a small node.
+    const CASE_BOUND: std::time::Duration = std::time::Duration::from_secs(600);
+
+    macro_rules! contract {
+        ($($case:ident),* $(,)?) => {$(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let Some(d) = deployed(concat!("sessions_contract::", stringify!($case))) else {
+                    return;
+                };
+                // Not while operator pods are killed: sessions need its relay.
+                let _operator_pods = OPERATOR_PODS.read().await;
+                let mut c = client(&d).await;
+                tokio::time::timeout(CASE_BOUND, session_contract::$case(&mut c, &OverGrpc))
+                    .await
+                    .unwrap_or_else(|_| panic!("not finished within {CASE_BOUND:?}"));
+            }
+        )*};
+    }
+
+    session_contract::every_case!(contract);
 }

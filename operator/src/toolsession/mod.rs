@@ -436,6 +436,12 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
         decision = decide(&ts, None, Some(&warm), now, ctx.pending_grace);
     }
     debug!(session = %name, ?decision, "session decided");
+    if decision == SessionDecision::Expire && runs_in_flight(&ts, &ctx).await? > 0 {
+        // Not idle while a program runs in it (the gateway marks use when a call starts,
+        // so a call longer than the idle timeout would otherwise lose its session).
+        debug!(session = %name, "idle by its annotation, but a run is in flight: kept");
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
     match decision {
         SessionDecision::Expire => {
             info!(session = %name, "idle past its timeout: deleting the session");
@@ -570,6 +576,31 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
             ))
         }
     }
+}
+
+/// The session's ToolRuns not finished yet.
+async fn runs_in_flight(ts: &ToolSession, ctx: &Context) -> Result<usize, SessionError> {
+    let runs: Api<toolrun_crd::ToolRun> =
+        Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    let lp = kube::api::ListParams::default().labels(&format!(
+        "{}={}",
+        labels::SESSION,
+        labels::label_value(&ts.name_any())
+    ));
+    let list = runs
+        .list(&lp)
+        .await
+        .map_err(err("listing the session's ToolRuns"))?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|r| {
+            !r.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(|p| p.is_finished())
+        })
+        .count())
 }
 
 async fn write_status(

@@ -3015,13 +3015,13 @@ async fn killing_the_operator_during_session_calls_loses_nothing_and_runs_once()
                 &mut c,
                 &sid,
                 "run_code",
-                json!({"language": "python", "code": code, "timeout": 60}),
+                json!({"language": "python", "code": code, "timeout": 60000}),
             )
             .await
         })
     };
     // The program runs in the session pod (its first line in the agent's log).
-    wait_until(Duration::from_secs(60), "the program's first line", || {
+    let started = wait_until(Duration::from_secs(60), "the program's first line", || {
         let (pods, pod) = (sandbox_pods.clone(), pod.clone());
         async move {
             let lp = kube::api::LogParams {
@@ -3031,8 +3031,15 @@ async fn killing_the_operator_during_session_calls_loses_nothing_and_runs_once()
             Ok(pods.logs(&pod, &lp).await?.contains("begin"))
         }
     })
-    .await
-    .unwrap();
+    .await;
+    if let Err(e) = started {
+        let ended = if call.is_finished() {
+            format!("{:?}", call.await)
+        } else {
+            "still running".into()
+        };
+        panic!("{e:#}; the call: {ended}");
+    }
     let ops = ListParams::default().labels("app.kubernetes.io/component=operator");
     let killed: Vec<String> = system_pods
         .list(&ops)

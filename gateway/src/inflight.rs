@@ -18,6 +18,9 @@
 //! dropped, i.e. until the last byte (gRPC: message and trailers) is sent or the client
 //! goes away. gRPC health checks are not counted (load balancers must still see the gateway
 //! while it is full); the HTTP listener serves no health path (that is the admin port).
+//!
+//! The same [`Slots`] and [`PermitBody`] hold each tenant's own share after authentication
+//! (`auth.tenants.*.limits.open_rpcs`, `open_http_requests`: [`crate::auth`]).
 
 use std::future::Future;
 use std::pin::Pin;

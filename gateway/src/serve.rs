@@ -348,6 +348,9 @@ pub fn effective_config(args: &ServeArgs) -> Result<Config, ConfigError> {
         config.sandbox.max_concurrent_runs = Some(DEFAULT_KUBERNETES_CONCURRENT_RUNS);
     }
     config.validate()?;
+    config
+        .auth
+        .validate_open_requests(args.max_open_rpcs, args.max_open_http_requests)?;
     Ok(config)
 }
 

@@ -105,10 +105,11 @@ pub struct BenchArgs {
     /// `toolrun serve` child (see `--abuse-scenarios`).
     #[arg(long)]
     pub abuse: bool,
-    /// Which abuse scenarios: `streams` (streams held open, up to the bound), `flood`
-    /// (malformed and oversized requests on every front door), `tenants` (one tenant over
-    /// its limits beside another).
-    #[arg(long, value_delimiter = ',', default_values_t = ["streams".to_string(), "flood".into(), "tenants".into()])]
+    /// Which abuse scenarios: `streams` (streams held open, up to the bound), `http` (slow
+    /// HTTP requests held open, up to the listener's bound), `flood` (malformed and
+    /// oversized requests on every front door), `tenants` (one tenant over its limits
+    /// beside another).
+    #[arg(long, value_delimiter = ',', default_values_t = ["streams".to_string(), "http".into(), "flood".into(), "tenants".into()])]
     pub abuse_scenarios: Vec<String>,
     /// Streams the `streams` scenario holds open.
     #[arg(long, default_value_t = 10_000)]
@@ -116,6 +117,10 @@ pub struct BenchArgs {
     /// `--max-open-rpcs` of the `streams` scenario's gateway (the bound it then fills).
     #[arg(long, default_value_t = crate::inflight::DEFAULT_MAX_OPEN_RPCS)]
     pub abuse_max_open_rpcs: usize,
+    /// `--max-open-http-requests` of the `http` scenario's gateway: the slow requests it
+    /// holds (the bound it fills).
+    #[arg(long, default_value_t = crate::inflight::DEFAULT_MAX_OPEN_HTTP_REQUESTS)]
+    pub abuse_max_open_http_requests: usize,
     /// Seconds the flood lasts (the well-formed calls are timed meanwhile).
     #[arg(long, default_value_t = 10.0)]
     pub abuse_seconds: f64,

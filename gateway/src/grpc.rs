@@ -122,16 +122,10 @@ fn over_limit(o: &CallOutcome) -> Option<Status> {
         .as_ref()
         .and_then(|d| d["retry_after_ms"].as_u64())
         .unwrap_or(1000);
-    let mut status = Status::resource_exhausted(e.message.clone());
-    status.metadata_mut().insert(
-        "retry-after",
-        retry_ms.div_ceil(1000).to_string().parse().expect("digits"),
-    );
-    status.metadata_mut().insert(
-        "retry-after-ms",
-        retry_ms.to_string().parse().expect("digits"),
-    );
-    Some(status)
+    Some(crate::inflight::retry_later(
+        e.message.clone(),
+        Duration::from_millis(retry_ms),
+    ))
 }
 
 fn session_status(e: SessionError) -> Status {

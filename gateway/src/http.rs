@@ -11,6 +11,10 @@
 //! - Request bodies are bounded by the gateway's message size (`--max-message-bytes`, the
 //!   gRPC limit too): `413` (for `/mcp` with a message naming the limit, see
 //!   [`crate::mcp::intake`]; axum's extractors on other routes).
+//!
+//! Before the guard, requests open at once are bounded (`--max-open-http-requests`,
+//! [`crate::inflight`]): one more is `429` with `Retry-After` at once, nothing queued. After
+//! authentication, each tenant's own share (`limits.open_http_requests`) likewise.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -25,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, McpConfig};
 use crate::exec::Executor;
+use crate::inflight::OpenHttpRequestsLayer;
 
 /// What the listener needs besides the executor.
 #[derive(Debug, Clone)]
@@ -33,14 +38,21 @@ pub struct HttpSettings {
     pub max_body_bytes: usize,
     /// Host and Origin rules.
     pub guard: Arc<Guard>,
+    /// The bound on requests open at once (`--max-open-http-requests`).
+    pub open_requests: OpenHttpRequestsLayer,
 }
 
 impl HttpSettings {
     /// Settings from the `mcp:` section; a malformed host or origin names its key.
-    pub fn new(config: &McpConfig, max_body_bytes: usize) -> Result<Self, ConfigError> {
+    pub fn new(
+        config: &McpConfig,
+        max_body_bytes: usize,
+        max_open_requests: usize,
+    ) -> Result<Self, ConfigError> {
         Ok(HttpSettings {
             max_body_bytes,
             guard: Arc::new(Guard::new(config)?),
+            open_requests: OpenHttpRequestsLayer::new(max_open_requests),
         })
     }
 }
@@ -73,8 +85,8 @@ pub fn router(
     guarded(routes, settings)
 }
 
-/// `routes` behind the guard: Host and Origin checked, bodies bounded (axum extractors
-/// included).
+/// `routes` behind the guard: requests open at once bounded (first, so a refusal costs
+/// nothing), Host and Origin checked, bodies bounded (axum extractors included).
 pub fn guarded(routes: Router, settings: &HttpSettings) -> Router {
     routes
         .layer(DefaultBodyLimit::max(settings.max_body_bytes))
@@ -82,6 +94,7 @@ pub fn guarded(routes: Router, settings: &HttpSettings) -> Router {
             settings.guard.clone(),
             check_host_and_origin,
         ))
+        .layer(settings.open_requests.clone())
 }
 
 /// Serves `router` on `listener` until `stop` fires (then lets open requests finish).

@@ -59,6 +59,10 @@ pub struct ServeArgs {
     /// open; health checks not counted); one more is refused with RESOURCE_EXHAUSTED.
     #[arg(long, env = "TOOLRUN_MAX_OPEN_RPCS", default_value_t = crate::inflight::DEFAULT_MAX_OPEN_RPCS)]
     pub max_open_rpcs: usize,
+    /// HTTP requests (MCP, provider endpoint) open at once over all connections, from the
+    /// first byte received to the last sent; one more is answered 429 with Retry-After.
+    #[arg(long, env = "TOOLRUN_MAX_OPEN_HTTP_REQUESTS", default_value_t = crate::inflight::DEFAULT_MAX_OPEN_HTTP_REQUESTS)]
+    pub max_open_http_requests: usize,
     /// On SIGTERM, how long in-flight calls may finish before their sandboxes are killed (ms).
     #[arg(long, env = "TOOLRUN_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
     pub drain_timeout_ms: u64,
@@ -118,6 +122,7 @@ impl Default for ServeArgs {
             max_message_bytes: 4 * 1024 * 1024,
             max_concurrent_streams: 1024,
             max_open_rpcs: crate::inflight::DEFAULT_MAX_OPEN_RPCS,
+            max_open_http_requests: crate::inflight::DEFAULT_MAX_OPEN_HTTP_REQUESTS,
             drain_timeout_ms: 10_000,
             no_sandbox: false,
             backend: None,
@@ -344,6 +349,9 @@ pub fn effective_config(args: &ServeArgs) -> Result<Config, ConfigError> {
         config.sandbox.max_concurrent_runs = Some(DEFAULT_KUBERNETES_CONCURRENT_RUNS);
     }
     config.validate()?;
+    config
+        .auth
+        .validate_open_requests(args.max_open_rpcs, args.max_open_http_requests)?;
     Ok(config)
 }
 
@@ -479,7 +487,11 @@ pub async fn start(args: ServeArgs) -> Result<Running, ServeError> {
             source,
         })?;
     let admin_addr = admin_listener.local_addr().map_err(ServeError::Admin)?;
-    let http_settings = crate::http::HttpSettings::new(&config.mcp, args.max_message_bytes)?;
+    let http_settings = crate::http::HttpSettings::new(
+        &config.mcp,
+        args.max_message_bytes,
+        args.max_open_http_requests,
+    )?;
     let mcp_listener = match args.mcp_listen {
         Listen::Off => None,
         Listen::On(addr) => Some(

@@ -2,7 +2,8 @@
 //! once (`--max-open-rpcs`) refuses with a typed RESOURCE_EXHAUSTED, not a crash, and frees
 //! its slots when streams close; malformed and oversized requests on every front door
 //! (gRPC, MCP `/mcp`, HTTP `/v1/{provider}/tool-calls`) each get their typed refusal, also
-//! all at once, while a well-formed call still succeeds. The figures at scale are `toolrun
+//! all at once, while a well-formed call still succeeds; the HTTP listener's bound
+//! (`--max-open-http-requests`) refuses slow requests past it with `429`. The figures at scale are `toolrun
 //! bench --abuse` (README "Security testing").
 
 mod abuse_common;
@@ -10,7 +11,9 @@ mod abuse_common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use abuse_common::{Gw, calc, call_req};
+use abuse_common::{
+    Gw, MCP_INITIALIZE, calc, call_req, hold_http, http_post, still_held, until_429, until_served,
+};
 use bytes::{Buf, BufMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use toolrun_proto::v1 as pb;
@@ -97,6 +100,69 @@ async fn requests_past_max_open_rpcs_are_refused_typed_and_slots_come_back() {
     drop(held);
     assert!(
         gw.log_text().contains("--max-open-rpcs reached"),
+        "the refusal is logged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_requests_past_max_open_http_requests_get_429_and_grpc_is_unaffected() {
+    let gw = Gw::start(
+        tempfile::tempdir().unwrap(),
+        "{}",
+        &["--max-open-http-requests", "8"],
+    );
+    // Eight slow requests, half MCP and half the provider endpoint, each waiting for the
+    // rest of its body.
+    let mut held = Vec::new();
+    for i in 0..8 {
+        let path = if i % 2 == 0 {
+            "/mcp"
+        } else {
+            "/v1/openai/tool-calls"
+        };
+        held.push(hold_http(gw.mcp, path, None).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The ninth: 429 with Retry-After, in each route's error shape.
+    let (head, body) = until_429(gw.mcp, "/mcp", None).await;
+    assert!(head.contains("retry-after: 1"), "{head}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["jsonrpc"], "2.0", "{body}");
+    assert_eq!(v["error"]["code"], -32000, "{body}");
+    assert_eq!(v["error"]["data"]["retry_after_ms"], 1000, "{body}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-open-http-requests"),
+        "{body}"
+    );
+    let (status, head, body) = http_post(gw.mcp, "/v1/openai/tool-calls", None, "{}").await;
+    assert_eq!(status, 429, "{body}");
+    assert!(head.contains("retry-after: 1"), "{head}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "resource_exhausted", "{body}");
+    // The eight were admitted and are still being received (none was refused).
+    for s in &mut held {
+        assert!(still_held(s).await, "a held request was answered");
+    }
+    // gRPC has its own bound: unaffected.
+    let mut c = gw.client(None).await;
+    let r = c.call_tool(calc()).await.unwrap();
+    assert!(r.into_inner().result.unwrap().ok);
+    // Control: one slow client goes away, its slot comes back and a request is served.
+    drop(held.remove(0));
+    let (status, body) = until_served(gw.mcp, "/mcp", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("serverInfo"), "{body}");
+    for s in &mut held {
+        assert!(still_held(s).await, "a held request was answered");
+    }
+    drop(held);
+    let (status, _, body) = http_post(gw.mcp, "/mcp", None, MCP_INITIALIZE).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        gw.log_text().contains("--max-open-http-requests reached"),
         "the refusal is logged"
     );
 }

@@ -5,6 +5,10 @@
 //! control: a second key of the flooding tenant, on its own connection, is refused too (the
 //! limit is the tenant's, not the key's or the connection's), so the quiet tenant passes
 //! because it is another tenant, not because nothing was limited.
+//!
+//! And a tenant holding all the gRPC requests its share allows (`limits.open_rpcs`) is
+//! refused one more while another tenant is still served, up to the gateway's own bound;
+//! likewise on the HTTP listener (`limits.open_http_requests`).
 
 mod abuse_common;
 
@@ -12,7 +16,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use abuse_common::{Gw, calc, calc_latencies, create_key, pct};
+use abuse_common::{
+    Gw, MCP_INITIALIZE, calc, calc_latencies, create_key, hold_http, http_post, pct, still_held,
+    until_429, until_served,
+};
 
 /// Burst and rate of the flooding tenant.
 const CONFIG: &str = "\
@@ -146,4 +153,211 @@ async fn a_tenant_flooding_past_its_limit_is_refused_while_another_keeps_its_lat
         "quiet's p99 under the flood ({p99_1} us) exceeds 2x its unloaded p99 + {SLACK:?} \
          ({bound} us)"
     );
+}
+
+/// Tenant `holder`'s share of the gateway's open gRPC requests; `--max-open-rpcs` is 12.
+const SHARES: &str = "\
+auth:
+  tenants:
+    holder:
+      limits: {open_rpcs: 8, open_http_requests: 2}
+    other: {}
+";
+
+async fn watch(
+    c: &mut toolrun::cli::Client,
+) -> Result<tonic::Streaming<toolrun_proto::v1::Approval>, tonic::Status> {
+    c.watch_approvals(toolrun_proto::v1::WatchApprovalsRequest {
+        session_id: String::new(),
+    })
+    .await
+    .map(|r| r.into_inner())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holding_its_share_of_open_rpcs_leaves_the_others_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.yaml");
+    let holder_key = create_key(&keys, "holder", "holder-1");
+    let other_key = create_key(&keys, "other", "other-1");
+    let gw = Gw::start(
+        dir,
+        SHARES,
+        &[
+            "--api-keys",
+            keys.to_str().unwrap(),
+            "--max-open-rpcs",
+            "12",
+        ],
+    );
+    // The holder's streams over two connections: the share is the tenant's, not a
+    // connection's.
+    let mut h1 = gw.client(Some(&holder_key)).await;
+    let mut h2 = gw.client(Some(&holder_key)).await;
+    let mut held = Vec::new();
+    for i in 0..8 {
+        let c = if i % 2 == 0 { &mut h1 } else { &mut h2 };
+        held.push(
+            watch(c)
+                .await
+                .unwrap_or_else(|e| panic!("holder's stream {i}: {e:?}")),
+        );
+    }
+    let e = watch(&mut h1)
+        .await
+        .expect_err("the holder's ninth stream is over its share");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(
+        e.message().contains("tenant \"holder\"") && e.message().contains("limits.open_rpcs"),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.metadata()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    // A unary call counts as well.
+    let e = h2
+        .call_tool(calc())
+        .await
+        .expect_err("at the holder's share");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("limits.open_rpcs"), "{e:?}");
+
+    // The other tenant is served: calls, and streams up to what is left of the gateway's
+    // bound (12 - 8).
+    let mut other = gw.client(Some(&other_key)).await;
+    let r = other.call_tool(calc()).await.expect("other's call");
+    assert!(r.into_inner().result.unwrap().ok);
+    let mut others = Vec::new();
+    for i in 0..4 {
+        others.push(
+            watch(&mut other)
+                .await
+                .unwrap_or_else(|e| panic!("other's stream {i}: {e:?}")),
+        );
+    }
+    // Control: the gateway's bound is still there, and is not the holder's share.
+    let e = watch(&mut other)
+        .await
+        .expect_err("the gateway's bound is reached");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("--max-open-rpcs"), "{e:?}");
+    drop(others);
+
+    // Once the holder closes one stream, it is served again.
+    held.pop();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut again = loop {
+        match watch(&mut h1).await {
+            Ok(s) => break s,
+            Err(e) if e.code() == tonic::Code::ResourceExhausted => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the holder's slot never came back"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    };
+    // Every stream the holder kept is still open: nothing was dropped to make room.
+    for s in held.iter_mut().chain(std::iter::once(&mut again)) {
+        let next = tokio::time::timeout(Duration::from_millis(5), s.message()).await;
+        assert!(next.is_err(), "a held stream ended: {next:?}");
+    }
+    // And its unary calls, once the streams are gone (the gateway sees each reset).
+    drop((held, again));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match h2.call_tool(calc()).await {
+            Ok(r) => break assert!(r.into_inner().result.unwrap().ok),
+            Err(e) if e.code() == tonic::Code::ResourceExhausted => {
+                assert!(
+                    Instant::now() < deadline,
+                    "the holder's slots never came back"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert!(
+        gw.log_text().contains("tenant's open requests"),
+        "the refusal is logged"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_holding_its_share_of_http_requests_leaves_the_others_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.yaml");
+    let holder_key = create_key(&keys, "holder", "holder-1");
+    let other_key = create_key(&keys, "other", "other-1");
+    let gw = Gw::start(
+        dir,
+        SHARES,
+        &[
+            "--api-keys",
+            keys.to_str().unwrap(),
+            "--max-open-http-requests",
+            "12",
+        ],
+    );
+    let (h, o) = (Some(holder_key.as_str()), Some(other_key.as_str()));
+    let mut held = vec![
+        hold_http(gw.mcp, "/mcp", h).await,
+        hold_http(gw.mcp, "/v1/openai/tool-calls", h).await,
+    ];
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (head, body) = until_429(gw.mcp, "/mcp", h).await;
+    assert!(head.contains("retry-after: 1"), "{head}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("tenant \"holder\"") && message.contains("limits.open_http_requests"),
+        "{body}"
+    );
+    let (status, _, body) = http_post(gw.mcp, "/v1/openai/tool-calls", h, "{}").await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("limits.open_http_requests"), "{body}");
+    // The other tenant is served, over HTTP (MCP and a provider message) and gRPC.
+    let (status, _, body) = http_post(gw.mcp, "/mcp", o, MCP_INITIALIZE).await;
+    assert_eq!(status, 200, "{body}");
+    let message = r#"{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"calculator","arguments":"{\"expression\":\"6*7\"}"}}]}"#;
+    let (status, _, body) = http_post(gw.mcp, "/v1/openai/tool-calls", o, message).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("42"), "{body}");
+    let mut other = gw.client(Some(&other_key)).await;
+    assert!(
+        other
+            .call_tool(calc())
+            .await
+            .unwrap()
+            .into_inner()
+            .result
+            .unwrap()
+            .ok
+    );
+    // The holder's gRPC is not its HTTP share.
+    let mut holder = gw.client(Some(&holder_key)).await;
+    assert!(
+        holder
+            .call_tool(calc())
+            .await
+            .unwrap()
+            .into_inner()
+            .result
+            .unwrap()
+            .ok
+    );
+    for s in &mut held {
+        assert!(still_held(s).await, "a held request was answered");
+    }
+    // Once the holder lets one go, it is served again.
+    drop(held.remove(0));
+    let (status, body) = until_served(gw.mcp, "/mcp", h).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(still_held(&mut held[0]).await);
 }

@@ -67,6 +67,20 @@ fn app(seen: Arc<Seen>) -> Router {
             }),
         )
         .route("/big", get(|| async { "x".repeat(5 << 20) }))
+        // `?ct=<Content-Type>&hex=<body bytes>`: any bytes under any declared charset.
+        .route(
+            "/bytes",
+            get(
+                |Query(q): Query<std::collections::HashMap<String, String>>| async move {
+                    let hex = q["hex"].as_bytes();
+                    let body: Vec<u8> = hex
+                        .chunks(2)
+                        .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
+                        .collect();
+                    ([(header::CONTENT_TYPE, q["ct"].clone())], body)
+                },
+            ),
+        )
         .route(
             "/deep",
             get(|| async {
@@ -688,6 +702,104 @@ async fn schemes_credentials_and_header_injection_are_refused() {
 }
 
 // ---------------------------------------------------------------- responses, limits
+
+/// The URL of `/bytes` serving `body` as `content_type`.
+fn bytes_url(addr: SocketAddr, content_type: &str, body: &[u8]) -> String {
+    let pct: String = content_type
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    let hex: String = body.iter().map(|b| format!("{b:02x}")).collect();
+    format!("http://127.0.0.1:{}/bytes?ct={pct}&hex={hex}", addr.port())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_bodies_are_decoded_by_their_declared_charset() {
+    use encoding_rs::{SHIFT_JIS, WINDOWS_1251, WINDOWS_1252};
+    bounded(async {
+        let (addr, _) = server("127.0.0.1").await;
+        let mut gw = gateway(EXEMPT).await;
+        let mut get = async |ct: &str, body: &[u8]| fetch(&mut gw.c, &bytes_url(addr, ct, body)).await.ok();
+        let decoded = |v: &Value| {
+            (
+                v["body_encoding"].as_str().unwrap().to_string(),
+                v["charset"].as_str().unwrap_or("-").to_string(),
+                v["charset_source"].as_str().unwrap_or("-").to_string(),
+            )
+        };
+        let want = |enc: &str, charset: &str, source: &str| {
+            (enc.to_string(), charset.to_string(), source.to_string())
+        };
+
+        // Latin-1 (read as windows-1252, as the Encoding Standard says: 0x80 is the euro).
+        let v = get("text/plain; charset=ISO-8859-1", b"Caf\xe9 cr\xe8me \x80 5").await;
+        assert_eq!(decoded(&v), want("utf-8", "windows-1252", "content-type"));
+        assert_eq!(v["body"], "Café crème € 5");
+        assert!(v.get("charset_note").is_none(), "{v}");
+        // windows-1252 HTML: the text form is made from the decoded page.
+        let page = WINDOWS_1252
+            .encode("<html><body><h1>Déjà vu</h1><p>“Quoted” – naïve</p></body></html>")
+            .0;
+        let v = get("text/html; charset=windows-1252", &page).await;
+        assert_eq!(decoded(&v), want("utf-8", "windows-1252", "content-type"));
+        let text = v["text"].as_str().unwrap();
+        assert!(text.contains("Déjà vu") && text.contains("“Quoted” – naïve"), "{text}");
+        // Shift_JIS.
+        let sjis = SHIFT_JIS.encode("東京の天気は晴れ、気温は２０度").0;
+        let v = get("text/plain; charset=Shift_JIS", &sjis).await;
+        assert_eq!(decoded(&v), want("utf-8", "Shift_JIS", "content-type"));
+        assert_eq!(v["body"], "東京の天気は晴れ、気温は２０度");
+        // Control: without its declaration the same bytes are not text (base64, as before).
+        let v = get("text/plain", &sjis).await;
+        assert_eq!(decoded(&v), want("base64", "-", "-"));
+
+        // HTML declaring its charset in <meta> only (charset, then http-equiv).
+        let page = SHIFT_JIS
+            .encode("<html><head><meta charset=\"shift_jis\"><title>t</title></head><body><p>日本語のページ</p></body></html>")
+            .0;
+        let v = get("text/html", &page).await;
+        assert_eq!(decoded(&v), want("utf-8", "Shift_JIS", "meta"));
+        assert!(v["body"].as_str().unwrap().contains("日本語のページ"));
+        assert!(v["text"].as_str().unwrap().contains("日本語のページ"), "{v}");
+        let page = WINDOWS_1251
+            .encode("<html><head><meta http-equiv=\"Content-Type\" content=\"text/html; charset=windows-1251\"></head><body><p>Привет, мир</p></body></html>")
+            .0;
+        let v = get("text/html", &page).await;
+        assert_eq!(decoded(&v), want("utf-8", "windows-1251", "meta"));
+        assert!(v["text"].as_str().unwrap().contains("Привет, мир"), "{v}");
+
+        // A lying header: the UTF-8 page is not valid ISO-2022-JP; read as UTF-8, said so.
+        let v = get(
+            "text/html; charset=iso-2022-jp",
+            "<html><body><p>naïve café ✓</p></body></html>".as_bytes(),
+        )
+        .await;
+        assert_eq!(decoded(&v), want("utf-8", "UTF-8", "default"));
+        let note = v["charset_note"].as_str().unwrap();
+        assert!(note.contains("not valid ISO-2022-JP") && note.contains("read as UTF-8"), "{note}");
+        assert!(v["text"].as_str().unwrap().contains("naïve café ✓"), "{v}");
+        // An unknown charset: UTF-8 when it is, else base64 as before; said so either way.
+        let v = get("text/plain; charset=x-klingon", "tlhIngan Hol ✓".as_bytes()).await;
+        assert_eq!(decoded(&v), want("utf-8", "UTF-8", "default"));
+        assert!(v["charset_note"].as_str().unwrap().contains("\"x-klingon\""), "{v}");
+        let v = get("text/plain; charset=x-klingon", b"\xe9t\xe9").await;
+        assert_eq!(decoded(&v), want("base64", "-", "-"));
+        assert_eq!(v["body"], "6XTp");
+        assert!(v["charset_note"].as_str().unwrap().contains("base64"), "{v}");
+
+        // UTF-8 declared: as before, with where it came from.
+        let v = get("text/html; charset=utf-8", PAGE.as_bytes()).await;
+        assert_eq!(decoded(&v), want("utf-8", "UTF-8", "content-type"));
+        assert_eq!(v["body"], PAGE);
+    })
+    .await
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn html_becomes_text_binary_becomes_base64_and_sizes_are_capped() {

@@ -178,6 +178,13 @@ pub struct TenantLimits {
     /// Size of each of the tenant's session workspaces, MiB (at most
     /// `sessions.workspace_size_mb`).
     pub workspace_size_mb: Option<u64>,
+    /// gRPC requests open at once (calls in flight and streams held open, over all the
+    /// tenant's connections and keys); one more is refused with RESOURCE_EXHAUSTED (at most
+    /// the server's `--max-open-rpcs`). Keeps one tenant from taking every slot.
+    pub open_rpcs: Option<u32>,
+    /// HTTP requests (MCP, provider endpoint) open at once; one more is `429` (at most the
+    /// server's `--max-open-http-requests`).
+    pub open_http_requests: Option<u32>,
 }
 
 /// A capability name: lowercase letters, digits, `_` and `-`, in dot-separated parts.
@@ -251,6 +258,53 @@ impl AuthConfig {
                     "map client certificates to a named tenant (auth.tenants.NAME.client_certs)"
                         .into(),
             });
+        }
+        Ok(())
+    }
+}
+
+impl AuthConfig {
+    /// Checks the tenants' shares of the front doors' bounds, which are server flags
+    /// (`--max-open-rpcs`, `--max-open-http-requests`) rather than keys of the file.
+    pub fn validate_open_requests(
+        &self,
+        max_open_rpcs: usize,
+        max_open_http_requests: usize,
+    ) -> Result<(), ConfigError> {
+        let tenants = std::iter::once(("auth.default_tenant".to_string(), &self.default_tenant))
+            .chain(
+                self.tenants
+                    .iter()
+                    .map(|(name, t)| (format!("auth.tenants.{name}"), t)),
+            );
+        for (key, t) in tenants {
+            for (name, value, server, flag) in [
+                (
+                    "open_rpcs",
+                    t.limits.open_rpcs,
+                    max_open_rpcs,
+                    "--max-open-rpcs",
+                ),
+                (
+                    "open_http_requests",
+                    t.limits.open_http_requests,
+                    max_open_http_requests,
+                    "--max-open-http-requests",
+                ),
+            ] {
+                let Some(v) = value else { continue };
+                let message = if v == 0 {
+                    "0 is out of range 1.. (unset it for the server's bound alone)".to_string()
+                } else if v as usize > server {
+                    format!("{v} exceeds the server's {flag} ({server})")
+                } else {
+                    continue;
+                };
+                return Err(ConfigError::Invalid {
+                    key: format!("{key}.limits.{name}"),
+                    message,
+                });
+            }
         }
         Ok(())
     }
@@ -388,6 +442,49 @@ mod tests {
         .to_string();
         assert!(
             e.contains("exceeds the server's sandbox.max_concurrent_runs"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn open_request_shares_are_capped_by_the_server_flags() {
+        let c = Config::from_yaml(
+            "auth:\n  tenants: {a: {limits: {open_rpcs: 64, open_http_requests: 8}}}\n  \
+             default_tenant: {limits: {open_rpcs: 16}}\n",
+        )
+        .unwrap();
+        assert_eq!(c.auth.tenants["a"].limits.open_rpcs, Some(64));
+        c.auth.validate_open_requests(64, 8).unwrap();
+        for (rpcs, http, key, why) in [
+            (
+                63,
+                8,
+                "auth.tenants.a.limits.open_rpcs",
+                "--max-open-rpcs (63)",
+            ),
+            (
+                64,
+                7,
+                "auth.tenants.a.limits.open_http_requests",
+                "--max-open-http-requests (7)",
+            ),
+            (15, 8, "auth.default_tenant.limits.open_rpcs", "(15)"),
+        ] {
+            let e = c
+                .auth
+                .validate_open_requests(rpcs, http)
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key) && e.contains(why), "{e}");
+        }
+        let zero = Config::from_yaml("auth:\n  tenants: {a: {limits: {open_rpcs: 0}}}\n").unwrap();
+        let e = zero
+            .auth
+            .validate_open_requests(10, 10)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("auth.tenants.a.limits.open_rpcs: 0 is out of range"),
             "{e}"
         );
     }

@@ -38,9 +38,10 @@ use axum::response::{IntoResponse, Response};
 use tokio_util::sync::CancellationToken;
 
 pub use config::{AuthConfig, ClientAuth, TenantConfig, TenantLimits, TlsConfig};
-pub use tenant::{LimitError, Tenant};
+pub use tenant::{FrontDoor, LimitError, Tenant};
 
 use crate::config::Config;
+use crate::inflight::{HoldFuture, PermitBody};
 use keys::{KeySet, KeysError};
 use mtls::{CertMap, ClientIdentity, MappingError};
 
@@ -298,7 +299,9 @@ impl Auth {
     }
 }
 
-/// gRPC: authenticates every request but health checks (tower layer on the server).
+/// gRPC: authenticates every request but health checks (tower layer on the server), then
+/// takes one of the tenant's open-request slots (`limits.open_rpcs`), held by the response
+/// body until it is dropped.
 #[derive(Clone)]
 pub struct GrpcAuthLayer(pub Arc<Auth>);
 
@@ -324,12 +327,9 @@ where
     S: tower::Service<http::Request<ReqB>, Response = http::Response<ResB>>,
     ResB: Default,
 {
-    type Response = http::Response<ResB>;
+    type Response = http::Response<PermitBody<ResB>>;
     type Error = S::Error;
-    type Future = futures::future::Either<
-        futures::future::Ready<Result<http::Response<ResB>, S::Error>>,
-        S::Future,
-    >;
+    type Future = HoldFuture<S::Future, ResB>;
 
     fn poll_ready(
         &mut self,
@@ -340,30 +340,58 @@ where
 
     fn call(&mut self, mut req: http::Request<ReqB>) -> Self::Future {
         if req.uri().path().starts_with("/grpc.health.v1.Health/") {
-            return futures::future::Either::Right(self.inner.call(req));
+            return HoldFuture::admitted(self.inner.call(req), None);
         }
         let peer = tls::PeerInfo::identity_of(req.extensions());
         match self.auth.authenticate(req.headers(), peer) {
-            Ok(tenant) => {
-                req.extensions_mut().insert(Caller(tenant));
-                futures::future::Either::Right(self.inner.call(req))
-            }
+            Ok(tenant) => match tenant.open_request(FrontDoor::Grpc) {
+                Ok(slot) => {
+                    req.extensions_mut().insert(Caller(tenant));
+                    HoldFuture::admitted(self.inner.call(req), slot)
+                }
+                Err(e) => {
+                    tracing::warn!(tenant = tenant.display_name(), reason = %e, path = req.uri().path(), "refused a gRPC request (tenant's open requests)");
+                    HoldFuture::refused(
+                        crate::inflight::retry_later(e.to_string(), e.retry_after()).into_http(),
+                    )
+                }
+            },
             Err(e) => {
                 let cert = peer.map(ClientIdentity::describe);
                 tracing::warn!(reason = %e, client_cert = cert.as_deref(), path = req.uri().path(), "refused a gRPC request (authentication)");
-                futures::future::Either::Left(futures::future::ready(Ok(e.status().into_http())))
+                HoldFuture::refused(e.status().into_http())
             }
         }
     }
 }
 
-/// HTTP (MCP and the provider endpoint): authenticates every request (axum middleware).
+/// HTTP (MCP and the provider endpoint): authenticates every request (axum middleware),
+/// then takes one of the tenant's open-request slots (`limits.open_http_requests`), held
+/// by the response body until it is dropped (an MCP call's stream included); over it,
+/// `429` with `Retry-After`.
 pub async fn require_key(State(auth): State<Arc<Auth>>, mut req: Request, next: Next) -> Response {
     let peer = tls::PeerInfo::identity_of(req.extensions());
     match auth.authenticate(req.headers(), peer) {
         Ok(tenant) => {
+            let slot = match tenant.open_request(FrontDoor::Http) {
+                Ok(slot) => slot,
+                Err(e) => {
+                    tracing::warn!(tenant = tenant.display_name(), reason = %e, path = req.uri().path(), "refused an HTTP request (tenant's open requests)");
+                    return crate::inflight::too_many_requests(
+                        req.uri().path(),
+                        &e.to_string(),
+                        e.retry_after(),
+                    );
+                }
+            };
             req.extensions_mut().insert(Caller(tenant));
-            next.run(req).await
+            let resp = next.run(req).await;
+            match slot {
+                Some(slot) => {
+                    resp.map(|body| axum::body::Body::new(PermitBody::new(body, Some(slot))))
+                }
+                None => resp,
+            }
         }
         Err(e) => {
             let cert = peer.map(ClientIdentity::describe);

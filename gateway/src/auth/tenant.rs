@@ -13,6 +13,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::config::TenantConfig;
 use crate::config::{ApprovalMode, Config};
+use crate::inflight::Slots;
 
 /// The tenant of a gateway without authentication (loopback, or `--insecure-no-auth`):
 /// every caller, with every capability and the server's limits.
@@ -32,6 +33,33 @@ pub struct Tenant {
     pub workspace_size_mb: Option<u64>,
     rate: Option<(DefaultDirectRateLimiter, u32)>,
     runs: Option<(Arc<Semaphore>, u32)>,
+    open_rpcs: Option<Slots>,
+    open_http: Option<Slots>,
+}
+
+/// A front door, for the tenant's share of its bound on requests open at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FrontDoor {
+    /// The gRPC listener (`limits.open_rpcs`).
+    Grpc,
+    /// The HTTP listener: MCP and the provider endpoint (`limits.open_http_requests`).
+    Http,
+}
+
+impl FrontDoor {
+    fn requests(self) -> &'static str {
+        match self {
+            FrontDoor::Grpc => "gRPC requests open (calls in flight and streams held open)",
+            FrontDoor::Http => "HTTP requests open",
+        }
+    }
+
+    fn key(self) -> &'static str {
+        match self {
+            FrontDoor::Grpc => "open_rpcs",
+            FrontDoor::Http => "open_http_requests",
+        }
+    }
 }
 
 impl std::fmt::Debug for Tenant {
@@ -69,6 +97,20 @@ pub enum LimitError {
         /// Its limit.
         limit: u32,
     },
+    /// `open_rpcs` or `open_http_requests` requests already open on that front door.
+    #[error(
+        "tenant {tenant:?} already has its limits.{} of {limit} {}; retry when one ends",
+        door.key(),
+        door.requests()
+    )]
+    OpenRequests {
+        /// The tenant.
+        tenant: String,
+        /// The front door.
+        door: FrontDoor,
+        /// Its limit there.
+        limit: usize,
+    },
 }
 
 impl LimitError {
@@ -78,6 +120,7 @@ impl LimitError {
             LimitError::Rate { retry_after, .. } => *retry_after,
             // A run takes about a second; there is no better estimate.
             LimitError::Runs { .. } => Duration::from_secs(1),
+            LimitError::OpenRequests { .. } => crate::inflight::RETRY_AFTER,
         }
     }
 }
@@ -95,6 +138,8 @@ impl Tenant {
                 workspace_size_mb: None,
                 rate: None,
                 runs: None,
+                open_rpcs: None,
+                open_http: None,
             })
         });
         ANONYMOUS_TENANT.clone()
@@ -112,6 +157,8 @@ impl Tenant {
             workspace_size_mb: None,
             rate: None,
             runs: None,
+            open_rpcs: None,
+            open_http: None,
         })
     }
 
@@ -145,6 +192,9 @@ impl Tenant {
             workspace_size_mb: l.workspace_size_mb,
             rate,
             runs: runs_cap.map(|n| (Arc::new(Semaphore::new(n as usize)), n)),
+            // At most the server's own bound (checked at startup: `validate_open_requests`).
+            open_rpcs: l.open_rpcs.map(|n| Slots::new(n as usize)),
+            open_http: l.open_http_requests.map(|n| Slots::new(n as usize)),
         })
     }
 
@@ -197,6 +247,31 @@ impl Tenant {
     }
 }
 
+impl Tenant {
+    /// A slot among the tenant's requests open on `door`, held until the permit drops
+    /// (the front door's layer puts it in the response body).
+    pub fn open_request(
+        &self,
+        door: FrontDoor,
+    ) -> Result<Option<OwnedSemaphorePermit>, LimitError> {
+        let slots = match door {
+            FrontDoor::Grpc => &self.open_rpcs,
+            FrontDoor::Http => &self.open_http,
+        };
+        let Some(slots) = slots else {
+            return Ok(None);
+        };
+        slots
+            .try_take()
+            .map(Some)
+            .ok_or_else(|| LimitError::OpenRequests {
+                tenant: self.display_name().to_string(),
+                door,
+                limit: slots.limit(),
+            })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,10 +309,54 @@ mod tests {
         ));
         drop(held);
         assert!(t.begin_run().unwrap().is_some());
+        // No share of the front doors' bounds configured: nothing to hold.
+        assert!(t.open_request(FrontDoor::Grpc).unwrap().is_none());
         let anon = Tenant::anonymous();
         assert!(anon.may_use("anything") && anon.missing_capability(&["network"]).is_none());
         for _ in 0..1000 {
             anon.admit_call().unwrap();
         }
+    }
+
+    #[test]
+    fn open_requests_are_counted_per_tenant_and_door() {
+        let cfg = TenantConfig {
+            limits: TenantLimits {
+                open_rpcs: Some(2),
+                open_http_requests: Some(1),
+                ..TenantLimits::default()
+            },
+            ..TenantConfig::default()
+        };
+        let (a, b) = (
+            Tenant::new("a", &cfg, &Config::default()),
+            Tenant::new("b", &cfg, &Config::default()),
+        );
+        let held: Vec<_> = (0..2)
+            .map(|_| a.open_request(FrontDoor::Grpc).unwrap().unwrap())
+            .collect();
+        let e = a.open_request(FrontDoor::Grpc).unwrap_err();
+        assert_eq!(
+            e,
+            LimitError::OpenRequests {
+                tenant: "a".into(),
+                door: FrontDoor::Grpc,
+                limit: 2
+            }
+        );
+        assert!(e.to_string().contains("limits.open_rpcs"), "{e}");
+        assert_eq!(e.retry_after(), Duration::from_secs(1));
+        // Control: the other door's share and the other tenant's are their own.
+        let h = a.open_request(FrontDoor::Http).unwrap().unwrap();
+        assert!(
+            a.open_request(FrontDoor::Http)
+                .unwrap_err()
+                .to_string()
+                .contains("limits.open_http_requests")
+        );
+        assert!(b.open_request(FrontDoor::Grpc).unwrap().is_some());
+        drop((held, h));
+        assert!(a.open_request(FrontDoor::Grpc).unwrap().is_some());
+        assert!(a.open_request(FrontDoor::Http).unwrap().is_some());
     }
 }

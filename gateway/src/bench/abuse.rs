@@ -10,6 +10,10 @@
 //!   sandbox or a session and an approval per stream). Then: calculator latency while they
 //!   are held beside idle, the bound (`--max-open-rpcs`): streams opened until it refuses,
 //!   and what a call gets there; and the memory given back once they close.
+//! - `http`: slow requests on the HTTP listener (half MCP `/mcp`, half the provider
+//!   endpoint, each announcing a body and sending a few bytes of it) held up to its bound
+//!   (`--max-open-http-requests`): the memory they take, what the next requests get (429),
+//!   gRPC calls meanwhile, and MCP `initialize` latency before and after.
 //! - `flood`: malformed and oversized requests on every front door (gRPC, MCP `/mcp`, HTTP
 //!   `/v1/{provider}/tool-calls`), each checked for its typed refusal, while one client's
 //!   well-formed calculator calls are timed beside the same calls unloaded.
@@ -242,11 +246,12 @@ pub async fn run(args: &BenchArgs) -> Result<(), CliError> {
     for s in &args.abuse_scenarios {
         match s.as_str() {
             "streams" => streams(args).await?,
+            "http" => http_held(args).await?,
             "flood" => flood(args).await?,
             "tenants" => tenants(args).await?,
             other => {
                 return Err(usage(format!(
-                    "--abuse-scenarios: {other:?} is none of streams, flood, tenants"
+                    "--abuse-scenarios: {other:?} is none of streams, http, flood, tenants"
                 )));
             }
         }
@@ -447,6 +452,155 @@ impl tonic::codec::Decoder for RawCodec {
     ) -> Result<Option<Vec<u8>>, tonic::Status> {
         Ok(Some(src.copy_to_bytes(src.remaining()).to_vec()))
     }
+}
+
+/// An MCP `initialize`: answered at once.
+const MCP_INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"bench","version":"1"}}}"#;
+
+/// `n` sequential MCP `initialize` requests over a pooled HTTP/1.1 client: latencies (µs)
+/// and the requests not answered 200.
+async fn initialize_latencies(http: &HttpClient, mcp: SocketAddr, n: usize) -> (Vec<u64>, usize) {
+    let mut lat = Vec::with_capacity(n);
+    let mut failures = 0;
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = post(
+            http,
+            format!("http://{mcp}/mcp"),
+            Bytes::from_static(MCP_INITIALIZE.as_bytes()),
+        )
+        .await;
+        lat.push(t.elapsed().as_micros() as u64);
+        failures += usize::from(!matches!(r, Ok((200, _))));
+    }
+    (lat, failures)
+}
+
+/// A slow request on the HTTP listener: a head announcing 1,000 bytes of body, and 17 of
+/// them; the gateway holds it while it waits for the rest.
+async fn slow_request(mcp: SocketAddr, path: &str) -> std::io::Result<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(mcp).await?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n\
+         Content-Length: 1000\r\n\r\n{{\"jsonrpc\":\"2.0\","
+    );
+    s.write_all(head.as_bytes()).await?;
+    Ok(s)
+}
+
+async fn http_held(args: &BenchArgs) -> Result<(), CliError> {
+    let bound = args.abuse_max_open_http_requests;
+    let gw = Gateway::start(
+        "http",
+        "{}",
+        &["--max-open-http-requests".into(), bound.to_string()],
+        false,
+    )
+    .await?;
+    let http: HttpClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let mut probe = connect(&gw.url(), None).await?;
+    initialize_latencies(&http, gw.mcp, 50).await;
+    let rss_idle = gw.rss();
+    let t = Instant::now();
+    let idle = initialize_latencies(&http, gw.mcp, LATENCY_CALLS).await;
+    print_report(&timed("mcp initialize, idle", idle, t.elapsed()), args.json);
+    latencies(&mut probe, "calculator", CALC, 50).await;
+    let t = Instant::now();
+    let grpc = latencies(&mut probe, "calculator", CALC, LATENCY_CALLS).await;
+    print_report(
+        &timed("calculator (gRPC), idle", grpc, t.elapsed()),
+        args.json,
+    );
+    // The pooled client's idle connection holds no request; it is closed all the same, so
+    // the bound is filled by the slow requests alone.
+    drop(http);
+
+    let t = Instant::now();
+    let mut held = Vec::with_capacity(bound);
+    for i in 0..bound {
+        let path = if i % 2 == 0 {
+            "/mcp"
+        } else {
+            "/v1/openai/tool-calls"
+        };
+        held.push(slow_request(gw.mcp, path).await?);
+    }
+    let open_ms = t.elapsed().as_millis() as u64;
+    // The gateway reads each head as its connection is accepted: wait until the bound
+    // refuses, i.e. every slow request holds its slot.
+    let fresh = || {
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .pool_max_idle_per_host(0)
+            .build_http::<http_body_util::Full<Bytes>>()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let uri = format!("http://{}/mcp", gw.mcp);
+    let body = Bytes::from_static(MCP_INITIALIZE.as_bytes());
+    while !matches!(
+        post(&fresh(), uri.clone(), body.clone()).await,
+        Ok((429, _))
+    ) {
+        if Instant::now() > deadline {
+            return Err(usage("the HTTP bound never refused"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let rss_held = gw.rss();
+    // What the next requests get, each on a connection of its own.
+    let mut answers = std::collections::BTreeMap::<String, usize>::new();
+    let t = Instant::now();
+    for _ in 0..100 {
+        let key = match post(&fresh(), uri.clone(), body.clone()).await {
+            Ok((429, b)) if b.contains("--max-open-http-requests") => "429".to_string(),
+            Ok((s, _)) => s.to_string(),
+            Err(e) => e,
+        };
+        *answers.entry(key).or_default() += 1;
+    }
+    let refusal_us = t.elapsed().as_micros() as u64 / 100;
+    let t = Instant::now();
+    let grpc = latencies(&mut probe, "calculator", CALC, LATENCY_CALLS).await;
+    print_report(
+        &timed(
+            &format!("calculator (gRPC), {bound} HTTP held"),
+            grpc,
+            t.elapsed(),
+        ),
+        args.json,
+    );
+    fact(
+        args.json,
+        json!({"abuse": "http", "slow_requests_held": held.len(), "open_all_ms": open_ms,
+               "next_100": answers, "refusal_us_each": refusal_us,
+               "gateway_rss_idle_kib": rss_idle, "gateway_rss_held_kib": rss_held,
+               "kib_per_request": (rss_held.saturating_sub(rss_idle)) as f64 / held.len().max(1) as f64}),
+    );
+    drop(held);
+    let http: HttpClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(post(&http, uri.clone(), body.clone()).await, Ok((200, _))) {
+        if Instant::now() > deadline {
+            return Err(usage("the HTTP slots never came back"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let t = Instant::now();
+    let after = initialize_latencies(&http, gw.mcp, LATENCY_CALLS).await;
+    print_report(
+        &timed("mcp initialize, released", after, t.elapsed()),
+        args.json,
+    );
+    fact(
+        args.json,
+        json!({"abuse": "http", "gateway_rss_released_kib": gw.rss(), "gateway_hwm_kib": gw.hwm()}),
+    );
+    Ok(())
 }
 
 /// One kind of bad request of the flood, and what it must get.

@@ -40,6 +40,7 @@ impl Gw {
             .args(args)
             .env_remove("TOOLRUN_API_KEYS")
             .env_remove("TOOLRUN_MAX_OPEN_RPCS")
+            .env_remove("TOOLRUN_MAX_OPEN_HTTP_REQUESTS")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -155,4 +156,94 @@ pub async fn calc_latencies(c: &mut Client, n: usize) -> (Vec<u64>, Vec<String>)
 /// The `p` quantile of sorted latencies.
 pub fn pct(sorted: &[u64], p: f64) -> u64 {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+/// An MCP `initialize` request: answered at once (the probe of the HTTP bounds).
+pub const MCP_INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
+
+fn http_head(path: &str, key: Option<&str>, len: usize) -> String {
+    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n\
+         {auth}Content-Length: {len}\r\nConnection: close\r\n\r\n"
+    )
+}
+
+/// A POST on the HTTP listener that stays open: its head announces a body of 1000 bytes
+/// and only the first few are sent (a slow client), so the gateway holds the request
+/// while it waits for the rest. Dropping the stream ends it.
+pub async fn hold_http(addr: SocketAddr, path: &str, key: Option<&str>) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(http_head(path, key, 1000).as_bytes())
+        .await
+        .unwrap();
+    s.write_all(br#"{"jsonrpc":"2.0","#).await.unwrap();
+    s
+}
+
+/// Nothing has been answered on a held request's connection.
+pub async fn still_held(s: &mut tokio::net::TcpStream) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut b = [0u8; 1];
+    tokio::time::timeout(Duration::from_millis(5), s.read(&mut b))
+        .await
+        .is_err()
+}
+
+/// One POST on the HTTP listener: status, head (lowercase) and body.
+pub async fn http_post(
+    addr: SocketAddr,
+    path: &str,
+    key: Option<&str>,
+    body: &str,
+) -> (u16, String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(http_head(path, key, body.len()).as_bytes())
+        .await
+        .unwrap();
+    let _ = s.write_all(body.as_bytes()).await;
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut buf)).await;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP answer to {path}: {text:.300}"));
+    (status, head.to_ascii_lowercase(), body.to_string())
+}
+
+/// Probes `path` with an MCP initialize until it is refused with `429` (the held requests
+/// before it all admitted by then); returns the refusal's head and body.
+pub async fn until_429(addr: SocketAddr, path: &str, key: Option<&str>) -> (String, String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, head, body) = http_post(addr, path, key, MCP_INITIALIZE).await;
+        if status == 429 {
+            return (head, body);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never refused: {status} {body:.300}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Probes `path` with an MCP initialize until it is answered other than `429` (a slot came
+/// back); returns that status and body.
+pub async fn until_served(addr: SocketAddr, path: &str, key: Option<&str>) -> (u16, String) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _, body) = http_post(addr, path, key, MCP_INITIALIZE).await;
+        if status != 429 {
+            return (status, body);
+        }
+        assert!(Instant::now() < deadline, "the slot never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

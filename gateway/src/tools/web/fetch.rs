@@ -27,6 +27,7 @@ use tokio::time::Instant;
 use url::{Host, Url};
 
 use super::addr::Blocked;
+use super::charset::{self, CharsetSource};
 use super::policy::{FetchConfig, FetchPolicy};
 use crate::approval::{ApprovalAsk, ApprovalKind};
 use crate::error::{ErrorCode, ToolError};
@@ -119,10 +120,10 @@ pub struct WebFetchInput {
 /// How `body` is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
 pub enum BodyEncoding {
-    /// The body is UTF-8 text.
+    /// The body is text, decoded to UTF-8 from `charset`.
     #[serde(rename = "utf-8")]
     Utf8,
-    /// The body is not UTF-8; standard base64 of its bytes.
+    /// The body is not text in its declared charset nor UTF-8; standard base64 of its bytes.
     #[serde(rename = "base64")]
     Base64,
 }
@@ -138,6 +139,20 @@ pub struct WebFetchOutput {
     pub body: String,
     /// How `body` is encoded.
     pub body_encoding: BodyEncoding,
+    /// With a text body: the character encoding it was decoded from to UTF-8, by its name
+    /// in the WHATWG Encoding Standard (`UTF-8`, `windows-1252` (also for ISO-8859-1),
+    /// `Shift_JIS`, `EUC-JP`, `GBK`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charset: Option<String>,
+    /// With a text body: where `charset` came from: `bom`, `content-type` (its `charset`),
+    /// `meta` (an HTML page's `<meta charset>` or `http-equiv` in its first 1024 bytes), or
+    /// `default` (none declared or usable: UTF-8).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charset_source: Option<CharsetSource>,
+    /// Why a declared charset was not used (unknown to the Encoding Standard, or the body
+    /// is not valid in it), and what was done instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub charset_note: Option<String>,
     /// For HTML pages: the page as readable text (links as numbered references).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
@@ -506,20 +521,23 @@ impl WebFetch {
             .unwrap_or_default();
         let is_html =
             content_type.starts_with("text/html") || content_type.starts_with("application/xhtml");
-        let (body, body_encoding, utf8) = match std::str::from_utf8(&bytes) {
-            Ok(s) => (s.to_string(), BodyEncoding::Utf8, true),
-            // A body cut inside a character is still text: drop the partial character.
-            Err(e) if truncated && e.error_len().is_none() => (
-                String::from_utf8_lossy(&bytes[..e.valid_up_to()]).into_owned(),
+        let decoded = charset::decode(&bytes, &content_type, is_html, truncated);
+        let (body, body_encoding, charset, charset_source) = match decoded.text {
+            Some((text, encoding)) => (
+                text,
                 BodyEncoding::Utf8,
-                true,
+                Some(encoding.name().to_string()),
+                Some(decoded.source),
             ),
-            Err(_) => (
+            None => (
                 base64::engine::general_purpose::STANDARD.encode(&bytes),
                 BodyEncoding::Base64,
-                false,
+                None,
+                None,
             ),
         };
+        let utf8 = body_encoding == BodyEncoding::Utf8;
+        // The text form renders the decoded page (any <meta charset> in it is now moot).
         let text = if is_html && utf8 && nesting_depth(&body) <= MAX_TEXT_NESTING {
             // Rendering gets what is left of the call's time; past it the page comes
             // without its text form.
@@ -534,6 +552,9 @@ impl WebFetch {
             headers,
             body,
             body_encoding,
+            charset,
+            charset_source,
+            charset_note: decoded.note,
             text,
             truncated,
             url: url.to_string(),

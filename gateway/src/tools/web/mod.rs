@@ -3,6 +3,7 @@
 //! ([`policy::WebConfig`]).
 
 pub mod addr;
+pub mod charset;
 pub mod fetch;
 pub mod policy;
 pub mod search;

@@ -176,11 +176,13 @@ pub struct Implementation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = MAX_CODE_CHARS))]
     pub script: Option<String>,
-    /// A container image whose `command` reads the arguments on stdin.
+    /// A container image whose `command` reads the arguments on stdin; only images the
+    /// chart's `sandbox.toolImages` names run (the gateway refuses others in the status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
-    /// The image's command and its arguments.
+    /// The image's command and its arguments: the first element an absolute path or a name
+    /// on the sandbox's PATH.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 64), inner(length(max = 4096)))]
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]

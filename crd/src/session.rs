@@ -67,8 +67,9 @@ pub(crate) const SESSION_NAME_IS_LABEL: &str = "self.metadata.name.size() <= 63"
     printcolumn(name = "Approval", type_ = "string", json_path = ".spec.approvalMode"),
     printcolumn(
         name = "Idle-Expiry",
-        type_ = "date",
-        description = "When the session expires unless it is used",
+        // A string: kubectl prints a date column as an age, and a time ahead as <invalid>.
+        type_ = "string",
+        description = "When the session expires unless it is used (UTC)",
         json_path = ".status.expiresAt"
     ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")

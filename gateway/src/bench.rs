@@ -70,6 +70,10 @@ pub struct BenchArgs {
     /// Samples of each session scenario.
     #[arg(long, default_value_t = 50)]
     pub session_runs: usize,
+    /// Sessions of the sustained scenario, one scenario per value: as many sessions, each
+    /// with one caller sending `--session-runs` run_code `print(1)` back to back (0: skip).
+    #[arg(long, value_delimiter = ',', default_values_t = vec![8usize])]
+    pub session_concurrency: Vec<usize>,
     /// Files in the grep scenario's workspace (copies of the source files under
     /// `--grep-source`).
     #[arg(long, default_value_t = 10_000)]
@@ -613,6 +617,68 @@ fn grep_corpus(dir: &std::path::Path, want: usize) -> Vec<(String, String)> {
         .collect()
 }
 
+/// `n` sessions, each with one caller sending `runs` run_code `print(1)` back to back: the
+/// sustained rate of executions in sessions (the sessions are made first, not timed).
+async fn sessions_sustained(client: &Client, n: usize, runs: usize) -> Result<Report, CliError> {
+    let mut made = Vec::new();
+    for _ in 0..n {
+        let mut c = client.clone();
+        made.push(tokio::spawn(async move {
+            c.create_session(pb::CreateSessionRequest {
+                session_id: String::new(),
+                approval_mode: pb::ApprovalMode::All as i32,
+                idle_timeout_seconds: 0,
+            })
+            .await
+            .map(|r| r.into_inner().session_id)
+        }));
+    }
+    let mut sessions = Vec::new();
+    for m in made {
+        sessions.push(
+            m.await
+                .map_err(|e| CliError::Usage(format!("bench task: {e}")))??,
+        );
+    }
+    let code = json!({"language": "python", "code": "print(1)"});
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for s in &sessions {
+        let (mut c, code, s) = (client.clone(), code.clone(), s.clone());
+        tasks.push(tokio::spawn(async move {
+            let (mut lat, mut failed) = (Vec::with_capacity(runs), 0);
+            for _ in 0..runs {
+                let (us, ok, o) = call_ok(&mut c, "run_code", &code, &s).await;
+                lat.push(us);
+                failed += usize::from(!(ok && o.contains("\"stdout\":\"1\\n\"")));
+            }
+            (lat, failed)
+        }));
+    }
+    let (mut lat, mut failures) = (Vec::new(), 0);
+    for t in tasks {
+        let (l, f) = t
+            .await
+            .map_err(|e| CliError::Usage(format!("bench task: {e}")))?;
+        lat.extend(l);
+        failures += f;
+    }
+    let wall = start.elapsed();
+    for s in sessions {
+        let _ = client
+            .clone()
+            .close_session(pb::CloseSessionRequest { session_id: s })
+            .await;
+    }
+    Ok(report(
+        &format!("run_code in {n} sessions"),
+        n,
+        lat,
+        failures,
+        wall,
+    ))
+}
+
 async fn session_scenarios(addr: &str, args: &BenchArgs) -> Result<Vec<Report>, CliError> {
     let mut client = connect_with(addr, args.api_key.as_deref(), &args.tls).await?;
     let mut out = Vec::new();
@@ -706,6 +772,12 @@ async fn session_scenarios(addr: &str, args: &BenchArgs) -> Result<Vec<Report>, 
             })
             .await,
         );
+    }
+
+    if !args.no_sandbox {
+        for &n in args.session_concurrency.iter().filter(|&&n| n > 0) {
+            out.push(sessions_sustained(&client, n, runs).await?);
+        }
     }
 
     // grep over a tree of copies of this repository's sources, beside rg on the same tree.

@@ -294,6 +294,10 @@ pub struct KubernetesConfig {
     /// the reason in its status; the operator refuses such a ToolRun on its own too. Empty
     /// (the default): no image tools.
     pub tool_images: Vec<String>,
+    /// StorageClass of session workspaces: set, each session's workspace is a
+    /// PersistentVolumeClaim of it (it outlives the session's pod: a lost pod is made again
+    /// with its files); unset, an emptyDir (gone with the pod).
+    pub session_storage_class_name: Option<String>,
 }
 
 /// Where the operator's session relay listens, and its token (`sandbox.kubernetes.sessionRelay`).
@@ -322,6 +326,7 @@ impl Default for KubernetesConfig {
             start_timeout_seconds: 120,
             session_relay: None,
             tool_images: Vec::new(),
+            session_storage_class_name: None,
         }
     }
 }
@@ -356,6 +361,15 @@ impl KubernetesConfig {
                 return Err(invalid(
                     "runtimeClassName",
                     format!("{rc:?} is not a RuntimeClass name (a DNS subdomain)"),
+                ));
+            }
+        }
+        if let Some(sc) = &self.session_storage_class_name {
+            let ok = !sc.is_empty() && sc.len() <= 253 && sc.split('.').all(is_dns_label);
+            if !ok {
+                return Err(invalid(
+                    "sessionStorageClassName",
+                    format!("{sc:?} is not a StorageClass name (a DNS subdomain)"),
                 ));
             }
         }
@@ -914,6 +928,14 @@ mod tests {
             c.sandbox.kubernetes.tool_images,
             ["toolrun/sandbox:0.1.0", "registry.example.com/tools/*"]
         );
+        assert_eq!(c.sandbox.kubernetes.session_storage_class_name, None);
+        let c =
+            Config::from_yaml("sandbox:\n  kubernetes:\n    sessionStorageClassName: local-disk\n")
+                .unwrap();
+        assert_eq!(
+            c.sandbox.kubernetes.session_storage_class_name.as_deref(),
+            Some("local-disk")
+        );
         for (yaml, key) in [
             ("toolImages: ['*']", "sandbox.kubernetes.toolImages[0]"),
             (
@@ -929,6 +951,10 @@ mod tests {
             (
                 "runtimeClassName: 'g visor'",
                 "sandbox.kubernetes.runtimeClassName",
+            ),
+            (
+                "sessionStorageClassName: 'Local Disk'",
+                "sandbox.kubernetes.sessionStorageClassName",
             ),
             (
                 "startTimeoutSeconds: 0",

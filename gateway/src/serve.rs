@@ -280,6 +280,7 @@ async fn open_kube_sessions(config: &Config) -> Result<Arc<SessionManager>, Serv
         relay_client,
         Duration::from_secs(k.start_timeout_seconds),
         k.runtime_class_name.clone(),
+        k.session_storage_class_name.clone(),
     );
     Ok(
         SessionManager::open_kube(config.sessions.clone(), Arc::new(Approvals::new()), kube)

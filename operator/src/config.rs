@@ -66,6 +66,14 @@ pub struct OperatorConfig {
     /// with the default pod limits and RuntimeClass runs in one of them instead of a new
     /// pod (see [`crate::warmpool`]). Empty: every run gets a cold pod.
     pub warm_pool: BTreeMap<String, u32>,
+    /// Warm session pods kept ready (`sessionWarmPool: 1`): a new ToolSession with the
+    /// default workspace, limits and RuntimeClass takes one instead of starting a pod (see
+    /// [`crate::toolsession`]). 0: every session starts its own pod.
+    pub session_warm_pool: u32,
+    /// Workspace size of a ToolSession that does not give one, MiB (16..=1048576; 1024,
+    /// the gateway's `sessions.workspace_size_mb` default); warm session pods are made
+    /// with it, so sessions of this size take them.
+    pub session_workspace_mib: u32,
 }
 
 /// Most warm pods kept for one language.
@@ -215,6 +223,8 @@ impl Default for OperatorConfig {
             user_namespaces: false,
             tool_images: Vec::new(),
             warm_pool: BTreeMap::new(),
+            session_warm_pool: 0,
+            session_workspace_mib: 1024,
         }
     }
 }
@@ -487,6 +497,12 @@ impl Config {
                 return invalid(&key, format!("at most {MAX_WARM_POOL_SIZE} warm pods"));
             }
         }
+        if o.session_warm_pool > MAX_WARM_POOL_SIZE {
+            return invalid(
+                "sessionWarmPool",
+                format!("at most {MAX_WARM_POOL_SIZE} warm pods"),
+            );
+        }
         if let Some(a) = &o.artifacts {
             let under_tmp = a.dir.starts_with("/tmp/") && !a.dir.split('/').any(|c| c == "..");
             if !under_tmp {
@@ -577,6 +593,9 @@ impl Config {
         }
         if o.ephemeral_storage_mib < 16 {
             return invalid("ephemeralStorageMiB", "must be at least 16".into());
+        }
+        if !(16..=1_048_576).contains(&o.session_workspace_mib) {
+            return invalid("sessionWorkspaceMiB", "must be 16..=1048576".into());
         }
         for name in o.base_env.keys() {
             let ident = name
@@ -670,6 +689,9 @@ mod file {
         user_namespaces: Option<bool>,
         tool_images: Option<Vec<String>>,
         warm_pool: Option<BTreeMap<String, u32>>,
+        session_warm_pool: Option<u32>,
+        #[serde(rename = "sessionWorkspaceMiB")]
+        session_workspace_mib: Option<u32>,
         controller: Option<Controller>,
     }
 
@@ -849,6 +871,8 @@ mod file {
             set(&mut o.user_namespaces, self.user_namespaces);
             set(&mut o.tool_images, self.tool_images);
             set(&mut o.warm_pool, self.warm_pool);
+            set(&mut o.session_warm_pool, self.session_warm_pool);
+            set(&mut o.session_workspace_mib, self.session_workspace_mib);
             if let Some(c) = self.controller {
                 let t = &mut config.controller;
                 set(&mut t.concurrency, c.concurrency);

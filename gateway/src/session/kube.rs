@@ -38,6 +38,7 @@ pub struct KubeSessions {
     namespace: String,
     ready_timeout: Duration,
     runtime_class_name: Option<String>,
+    storage_class_name: Option<String>,
 }
 
 /// A ToolSession found at start.
@@ -124,6 +125,7 @@ impl KubeSessions {
         relay: RelayClient,
         ready_timeout: Duration,
         runtime_class_name: Option<String>,
+        storage_class_name: Option<String>,
     ) -> KubeSessions {
         KubeSessions {
             api: Api::namespaced(client, namespace),
@@ -131,6 +133,7 @@ impl KubeSessions {
             namespace: namespace.to_string(),
             ready_timeout,
             runtime_class_name,
+            storage_class_name,
         }
     }
 
@@ -185,7 +188,7 @@ impl KubeSessions {
                 ),
                 workspace: SessionWorkspace {
                     size_mib: workspace_size_mb.map(|m| m.clamp(16, 1_048_576) as u32),
-                    storage_class_name: None,
+                    storage_class_name: self.storage_class_name.clone(),
                 },
                 limits: Default::default(),
                 runtime_class_name: self.runtime_class_name.clone(),

@@ -196,7 +196,7 @@ pub struct Session {
 }
 
 /// A kubernetes session's last-activity annotation, patched at most every
-/// [`kube::ACTIVITY_EVERY`].
+/// [`kube::ACTIVITY_EVERY`] (a quarter of the idle timeout when that is shorter).
 struct Activity {
     kube: Arc<KubeSessions>,
     last_patch: Mutex<SystemTime>,
@@ -279,7 +279,9 @@ impl Session {
         drop(last);
         if let (Some(a), Some(name)) = (&self.activity, &self.tool_session) {
             let mut last = a.last_patch.lock().unwrap_or_else(|e| e.into_inner());
-            if now.duration_since(*last).unwrap_or_default() >= kube::ACTIVITY_EVERY
+            // Often enough for a short idle timeout too: the operator expires from it.
+            let every = kube::ACTIVITY_EVERY.min(self.idle_timeout / 4);
+            if now.duration_since(*last).unwrap_or_default() >= every
                 && let Ok(rt) = tokio::runtime::Handle::try_current()
             {
                 *last = now;

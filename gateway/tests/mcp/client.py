@@ -140,15 +140,16 @@ def late_program(name):
     return (
         "import time\n"
         "print('started', flush=True)\n"
-        "time.sleep(2)\n"
+        "time.sleep(5)\n"
         f"open('/workspace/{name}', 'w').write('written')\n"
         "print('wrote', flush=True)\n"
     )
 
 
 async def scenario_cancel(url, mode, session):
-    """Cancels a run_code that would write /workspace/late-MODE.txt after 2 s, keeps the
-    connection open past that, and reads the file through MCP."""
+    """Cancels a run_code that would write /workspace/late-MODE.txt after 5 s (the gateway
+    notices a closed stream at its next 1 s keep-alive, or the one after: a loaded CI machine
+    needs the margin), keeps the connection open past that, and reads the file through MCP."""
     name = f"late-{mode}.txt"
     started = anyio.Event()
 
@@ -178,7 +179,7 @@ async def scenario_cancel(url, mode, session):
                 cancelled_at = time.monotonic()
                 tg.cancel_scope.cancel()
         # Past the moment the program would have written the file, on the same connection.
-        await anyio.sleep(3.5)
+        await anyio.sleep(6)
         read = await c.call_tool("read_file", {"path": name}, meta={SESSION_META: session})
         outcome.update(
             protocol_version=c.protocol_version,

@@ -236,6 +236,8 @@ fn bad_values_are_refused_with_their_key() {
             "toolImages[1]",
         ),
         ("toolImages: ['']\n", "toolImages[0]"),
+        ("sessionWarmPool: 65\n", "sessionWarmPool"),
+        ("sessionWorkspaceMiB: 8\n", "sessionWorkspaceMiB"),
         ("tmpSizeMiB: 0\n", "tmpSizeMiB"),
         ("tmpSizeMiB: 256\n", "tmpSizeMiB"),
         ("ephemeralStorageMiB: 1\n", "ephemeralStorageMiB"),
@@ -277,6 +279,9 @@ fn warm_pools_are_read_per_language() {
         ])
     );
     assert!(Config::default().operator.warm_pool.is_empty());
+    assert_eq!(Config::default().operator.session_warm_pool, 0);
+    let c = Config::from_yaml("sessionWarmPool: 3\n").unwrap();
+    assert_eq!(c.operator.session_warm_pool, 3);
 }
 
 #[test]

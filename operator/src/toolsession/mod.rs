@@ -8,6 +8,15 @@
 //!   the session's `sizeMiB` as its limit (the pod's ephemeral storage grows by as much), or
 //!   a PersistentVolumeClaim of `workspace.storageClassName` owned by the session, which
 //!   outlives a pod: a lost pod is then made again on the same claim.
+//! - From a warm pod when one fits: `sessionWarmPool: N` keeps N unclaimed session pods
+//!   ([`warm_session_pod`]: the pod of a default session, no per-session data in it). A
+//!   new session whose pod would be exactly that one ([`takes_warm_pod`]: no claim, the
+//!   default size, limits and RuntimeClass) records the warm pod in its status first
+//!   ([`SessionDecision::Bind`]), then claims it ([`SessionDecision::Claim`]: owner,
+//!   session and tenant labels, the pool's labels removed, by a patch carrying the
+//!   resourceVersion it was seen unclaimed at). A warm pod taken, failed or gone before
+//!   the claim means a pod of its own, as without a pool. Nothing was sent to the pod
+//!   before it is the session's: the session is Ready only after the claim.
 //! - The status: Pending until the agent runs, Ready with `podName`, Failed with a message
 //!   (the pod cannot start, or died with an emptyDir workspace), `lastActivity` (the
 //!   gateway's `toolrun.dev/last-activity` annotation, else creation) and `expiresAt`.
@@ -34,18 +43,17 @@ use kube::runtime::controller::{Action, Config as RuntimeConfig, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use toolrun_crd::labels;
-use toolrun_crd::session::{SessionPhase, ToolSession, ToolSessionStatus};
+use toolrun_crd::session::{SessionPhase, ToolSession, ToolSessionSpec, ToolSessionStatus};
 use tracing::{debug, info, warn};
 
 use crate::builders;
 use crate::config::OperatorConfig;
 use crate::controller::{Context, FIELD_MANAGER};
-use crate::decide::{agent_running, elapsed, is_terminal, pending_problem};
+use crate::decide::{agent_running, elapsed, is_ready_warm_pod, is_terminal, pending_problem};
+use crate::warmpool;
 
 /// Where programs and file tools see the workspace.
 pub const WORKSPACE: &str = "/workspace";
-/// Workspace size when the session does not say, MiB.
-pub const DEFAULT_WORKSPACE_MIB: u32 = 256;
 /// Idle timeout when the session does not say (the gateway always does).
 pub const DEFAULT_IDLE_SECONDS: u32 = 3600;
 /// A session is looked at at least this often (idle expiry).
@@ -58,6 +66,15 @@ pub enum SessionDecision {
     Expire,
     /// Make the workspace claim (PVC sessions) when missing, then the pod.
     CreatePod,
+    /// Record this ready, unclaimed warm pod as the session's (status first).
+    Bind(String),
+    /// Make the recorded warm pod the session's: owner and labels, at this resourceVersion.
+    Claim {
+        /// The warm pod.
+        pod: String,
+        /// The version it was seen unclaimed at.
+        resource_version: String,
+    },
     /// Delete the pod (it failed with a claim that outlives it: it is made again).
     DeletePod(String),
     /// Write this status (phase, podName, message; the times are added).
@@ -84,10 +101,21 @@ pub fn expires_at(ts: &ToolSession) -> Option<Timestamp> {
         .ok()
 }
 
-/// What to do about `ts`, whose pod is `pod`, at `now`.
+/// The pod the session's status names (a claimed warm pod), else the one named after it.
+pub fn pod_name(ts: &ToolSession) -> String {
+    ts.status
+        .as_ref()
+        .and_then(|s| s.pod_name.clone())
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| ts.name_any())
+}
+
+/// What to do about `ts`, whose pod ([`pod_name`]) is `pod`, at `now`; `warm` is a ready,
+/// unclaimed warm pod offered to a session that has no pod yet and [`takes_warm_pod`].
 pub fn decide(
     ts: &ToolSession,
     pod: Option<&Pod>,
+    warm: Option<&Pod>,
     now: Timestamp,
     grace: Duration,
 ) -> SessionDecision {
@@ -108,10 +136,10 @@ pub fn decide(
     if status.phase == Some(SessionPhase::Failed) {
         return SessionDecision::Wait(RESYNC);
     }
-    let want = |phase: SessionPhase, message: Option<String>| {
+    let want = |pod: String, phase: SessionPhase, message: Option<String>| {
         let s = ToolSessionStatus {
             phase: Some(phase),
-            pod_name: Some(name.clone()),
+            pod_name: Some(pod),
             message,
             ..ToolSessionStatus::default()
         };
@@ -131,23 +159,43 @@ pub fn decide(
                 "session pod {name} disappeared; its workspace (an emptyDir) went with it"
             ));
         }
+        if status.pod_name.is_none()
+            && let Some(w) = warm
+        {
+            return SessionDecision::Bind(w.name_any());
+        }
+        // Also when a recorded warm pod went before it was claimed: a pod of its own.
         return SessionDecision::CreatePod;
     };
+    let pod_name = p.name_any();
     let owned = p
         .owner_references()
         .iter()
         .any(|o| o.controller == Some(true) && Some(&o.uid) == ts.metadata.uid.as_ref());
     if !owned {
-        return failed(format!(
-            "a pod named {name} exists and is not this session's"
-        ));
+        if pod_name == name {
+            return failed(format!(
+                "a pod named {name} exists and is not this session's"
+            ));
+        }
+        // The warm pod recorded in the status: claim it while it is still free, else
+        // (taken, failing, going) make a pod of its own.
+        return match p.metadata.resource_version.clone() {
+            Some(resource_version) if is_ready_warm_pod(p) && is_session_pool_pod(p) => {
+                SessionDecision::Claim {
+                    pod: pod_name,
+                    resource_version,
+                }
+            }
+            _ => SessionDecision::CreatePod,
+        };
     }
     if is_terminal(p) || p.metadata.deletion_timestamp.is_some() {
         if persistent {
             return if p.metadata.deletion_timestamp.is_some() {
                 SessionDecision::Wait(Duration::from_secs(1))
             } else {
-                SessionDecision::DeletePod(name)
+                SessionDecision::DeletePod(pod_name)
             };
         }
         let reason = p
@@ -160,15 +208,15 @@ pub fn decide(
         ));
     }
     if agent_running(p) {
-        return want(SessionPhase::Ready, None);
+        return want(pod_name, SessionPhase::Ready, None);
     }
     if let Some(problem) = pending_problem(p) {
         if elapsed(p.metadata.creation_timestamp.as_ref(), now) >= grace {
             return failed(problem);
         }
-        return want(SessionPhase::Pending, Some(problem));
+        return want(pod_name, SessionPhase::Pending, Some(problem));
     }
-    want(SessionPhase::Pending, None)
+    want(pod_name, SessionPhase::Pending, None)
 }
 
 fn owner(ts: &ToolSession) -> OwnerReference {
@@ -187,16 +235,74 @@ pub fn claim_name(session: &str) -> String {
     format!("{session}-workspace")
 }
 
-/// The session's pod: an agent pod with the workspace volume at [`WORKSPACE`].
+/// The session's pod: an agent pod with the workspace volume at [`WORKSPACE`], named
+/// after the session.
 pub fn session_pod(ts: &ToolSession, config: &OperatorConfig) -> Result<Pod, builders::BuildError> {
-    let name = ts.name_any();
+    workspace_pod(&ts.name_any(), ts, config)
+}
+
+/// A warm session pod named `name`: the pod of a session with every default (no owner,
+/// no session or tenant label: those come with the claim), labelled for the pool.
+pub fn warm_session_pod(
+    name: &str,
+    pool_labels: BTreeMap<String, String>,
+    config: &OperatorConfig,
+) -> Result<Pod, builders::BuildError> {
+    let template = ToolSession::new(
+        name,
+        ToolSessionSpec {
+            session_id: String::new(),
+            approval_mode: Default::default(),
+            idle_timeout_seconds: None,
+            workspace: Default::default(),
+            limits: Default::default(),
+            runtime_class_name: None,
+        },
+    );
+    let mut pod = workspace_pod(name, &template, config)?;
+    pod.metadata.owner_references = None;
+    pod.metadata.labels = Some(pool_labels);
+    Ok(pod)
+}
+
+/// A session whose pod would be exactly a warm session pod (same spec but for its uid):
+/// it may take one.
+pub fn takes_warm_pod(ts: &ToolSession, config: &OperatorConfig) -> bool {
+    if config.session_warm_pool == 0 || ts.spec.workspace.storage_class_name.is_some() {
+        return false;
+    }
+    let (Ok(own), Ok(warm)) = (
+        session_pod(ts, config),
+        warm_session_pod("warm", BTreeMap::new(), config),
+    ) else {
+        return false;
+    };
+    warmpool::pod_spec_hash(&own) == warmpool::pod_spec_hash(&warm)
+}
+
+/// A pod of the session pool (not a one-shot language pool).
+pub fn is_session_pool_pod(p: &Pod) -> bool {
+    p.labels().get(labels::WARM_POOL).map(String::as_str) == Some(warmpool::SESSION_POOL)
+}
+
+/// A pod for `ts` named `name`.
+fn workspace_pod(
+    name: &str,
+    ts: &ToolSession,
+    config: &OperatorConfig,
+) -> Result<Pod, builders::BuildError> {
+    let session = ts.name_any();
     let tenant = ts.labels().get(labels::TENANT).cloned().unwrap_or_default();
     let pod_labels = BTreeMap::from([
-        (labels::SESSION.to_string(), labels::label_value(&name)),
+        (labels::SESSION.to_string(), labels::label_value(&session)),
         (labels::TENANT.to_string(), tenant),
     ]);
-    let mut pod = builders::agent_pod(&name, "python", pod_labels, config)?;
-    let size = ts.spec.workspace.size_mib.unwrap_or(DEFAULT_WORKSPACE_MIB);
+    let mut pod = builders::agent_pod(name, "python", pod_labels, config)?;
+    let size = ts
+        .spec
+        .workspace
+        .size_mib
+        .unwrap_or(config.session_workspace_mib);
     // The pod's own resources: the session's limits (runs take theirs from the request).
     let limits = builders::resolve_limits(&ts.spec.limits, config)?;
     pod.metadata.owner_references = Some(vec![owner(ts)]);
@@ -214,7 +320,7 @@ pub fn session_pod(ts: &ToolSession, config: &OperatorConfig) -> Result<Pod, bui
         Volume {
             name: "workspace".into(),
             persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: claim_name(&name),
+                claim_name: claim_name(&session),
                 read_only: Some(false),
             }),
             ..Volume::default()
@@ -265,8 +371,12 @@ pub fn session_pod(ts: &ToolSession, config: &OperatorConfig) -> Result<Pod, bui
 }
 
 /// The workspace claim of a persistent session.
-pub fn workspace_claim(ts: &ToolSession) -> PersistentVolumeClaim {
-    let size = ts.spec.workspace.size_mib.unwrap_or(DEFAULT_WORKSPACE_MIB);
+pub fn workspace_claim(ts: &ToolSession, config: &OperatorConfig) -> PersistentVolumeClaim {
+    let size = ts
+        .spec
+        .workspace
+        .size_mib
+        .unwrap_or(config.session_workspace_mib);
     PersistentVolumeClaim {
         metadata: ObjectMeta {
             name: Some(claim_name(&ts.name_any())),
@@ -310,9 +420,28 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
     let name = ts.name_any();
     let sessions: Api<ToolSession> = Api::namespaced(ctx.client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let pod = pods.get_opt(&name).await.map_err(err("reading the pod"))?;
-    let decision = decide(&ts, pod.as_ref(), Timestamp::now(), ctx.pending_grace);
+    let pod_name = pod_name(&ts);
+    let pod = pods
+        .get_opt(&pod_name)
+        .await
+        .map_err(err("reading the pod"))?;
+    let now = Timestamp::now();
+    let mut decision = decide(&ts, pod.as_ref(), None, now, ctx.pending_grace);
+    // A session about to start a pod takes a warm one when it may and one is ready.
+    if decision == SessionDecision::CreatePod
+        && pod.is_none()
+        && takes_warm_pod(&ts, &ctx.config)
+        && let Some(warm) = ctx.pool.pick(warmpool::SESSION_POOL)
+    {
+        decision = decide(&ts, None, Some(&warm), now, ctx.pending_grace);
+    }
     debug!(session = %name, ?decision, "session decided");
+    if decision == SessionDecision::Expire && runs_in_flight(&ts, &ctx).await? > 0 {
+        // Not idle while a program runs in it (the gateway marks use when a call starts,
+        // so a call longer than the idle timeout would otherwise lose its session).
+        debug!(session = %name, "idle by its annotation, but a run is in flight: kept");
+        return Ok(Action::requeue(Duration::from_secs(2)));
+    }
     match decision {
         SessionDecision::Expire => {
             info!(session = %name, "idle past its timeout: deleting the session");
@@ -328,7 +457,7 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => return Err(err("deleting the session")(e)),
             }
-            ctx.relay_pool.forget(&name);
+            ctx.relay_pool.forget(&pod_name);
             Ok(Action::await_change())
         }
         SessionDecision::CreatePod => {
@@ -347,7 +476,7 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
             if ts.spec.workspace.storage_class_name.is_some() {
                 let pvcs: Api<PersistentVolumeClaim> = Api::namespaced(ctx.client.clone(), &ns);
                 match pvcs
-                    .create(&PostParams::default(), &workspace_claim(&ts))
+                    .create(&PostParams::default(), &workspace_claim(&ts, &ctx.config))
                     .await
                 {
                     Ok(_) => {}
@@ -371,6 +500,51 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
             };
             write_status(&sessions, &ts, st).await?;
             Ok(Action::requeue(RESYNC))
+        }
+        SessionDecision::Bind(warm) => {
+            let st = ToolSessionStatus {
+                phase: Some(SessionPhase::Pending),
+                pod_name: Some(warm.clone()),
+                message: Some(format!("taking warm pod {warm}")),
+                ..ToolSessionStatus::default()
+            };
+            write_status(&sessions, &ts, st).await?;
+            debug!(session = %name, pod = %warm, "bound to a warm session pod");
+            Ok(Action::requeue(Duration::from_secs(1)))
+        }
+        SessionDecision::Claim {
+            pod,
+            resource_version,
+        } => {
+            let tenant = ts.labels().get(labels::TENANT).cloned().unwrap_or_default();
+            let patch = serde_json::json!({
+                "metadata": {
+                    "resourceVersion": resource_version,
+                    "labels": {
+                        labels::SESSION: labels::label_value(&name),
+                        labels::TENANT: tenant,
+                        labels::WARM_POOL: null,
+                        warmpool::SPEC_HASH: null,
+                    },
+                    "ownerReferences": [owner(&ts)],
+                }
+            });
+            let pp = PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            };
+            match pods.patch(&pod, &pp, &Patch::Merge(&patch)).await {
+                Ok(_) => {
+                    info!(session = %name, %pod, "took a warm session pod");
+                    ctx.metrics.warm_bound.inc();
+                }
+                // Changed (looked at again), taken or gone (a pod of its own next).
+                Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
+                    debug!(session = %name, %pod, code = s.code, "the warm pod changed, was taken or is gone");
+                }
+                Err(e) => return Err(err("claiming the warm session pod")(e)),
+            }
+            Ok(Action::requeue(Duration::from_millis(200)))
         }
         SessionDecision::DeletePod(p) => {
             let dp = DeleteParams {
@@ -402,6 +576,31 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
             ))
         }
     }
+}
+
+/// The session's ToolRuns not finished yet.
+async fn runs_in_flight(ts: &ToolSession, ctx: &Context) -> Result<usize, SessionError> {
+    let runs: Api<toolrun_crd::ToolRun> =
+        Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
+    let lp = kube::api::ListParams::default().labels(&format!(
+        "{}={}",
+        labels::SESSION,
+        labels::label_value(&ts.name_any())
+    ));
+    let list = runs
+        .list(&lp)
+        .await
+        .map_err(err("listing the session's ToolRuns"))?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|r| {
+            !r.status
+                .as_ref()
+                .and_then(|s| s.phase)
+                .is_some_and(|p| p.is_finished())
+        })
+        .count())
 }
 
 async fn write_status(

@@ -51,14 +51,17 @@ const GRACE: Duration = Duration::from_secs(30);
 #[test]
 fn a_new_session_gets_its_pod_then_is_ready_when_the_agent_runs() {
     let s = session(600);
-    assert_eq!(decide(&s, None, ts(1), GRACE), SessionDecision::CreatePod);
+    assert_eq!(
+        decide(&s, None, None, ts(1), GRACE),
+        SessionDecision::CreatePod
+    );
     let starting = pod_of(&s, "Pending", false);
-    match decide(&s, Some(&starting), ts(2), GRACE) {
+    match decide(&s, Some(&starting), None, ts(2), GRACE) {
         SessionDecision::Status(st) => assert_eq!(st.phase, Some(SessionPhase::Pending)),
         d => panic!("{d:?}"),
     }
     let running = pod_of(&s, "Running", true);
-    match decide(&s, Some(&running), ts(3), GRACE) {
+    match decide(&s, Some(&running), None, ts(3), GRACE) {
         SessionDecision::Status(st) => {
             assert_eq!(st.phase, Some(SessionPhase::Ready));
             assert_eq!(st.pod_name.as_deref(), Some("ts-abc"));
@@ -70,13 +73,22 @@ fn a_new_session_gets_its_pod_then_is_ready_when_the_agent_runs() {
 #[test]
 fn idle_sessions_expire_from_their_last_activity() {
     let mut s = session(600);
-    assert_eq!(decide(&s, None, ts(600), GRACE), SessionDecision::Expire);
+    assert_eq!(
+        decide(&s, None, None, ts(600), GRACE),
+        SessionDecision::Expire
+    );
     // Control: used at 500 s, it lives until 1100 s.
     s.metadata.annotations =
         Some([(labels::LAST_ACTIVITY.to_string(), ts(500).to_string())].into());
     assert_eq!(expires_at(&s), Some(ts(1100)));
-    assert_eq!(decide(&s, None, ts(600), GRACE), SessionDecision::CreatePod);
-    assert_eq!(decide(&s, None, ts(1100), GRACE), SessionDecision::Expire);
+    assert_eq!(
+        decide(&s, None, None, ts(600), GRACE),
+        SessionDecision::CreatePod
+    );
+    assert_eq!(
+        decide(&s, None, None, ts(1100), GRACE),
+        SessionDecision::Expire
+    );
 }
 
 #[test]
@@ -87,7 +99,7 @@ fn a_lost_pod_fails_an_emptydir_session_and_is_remade_on_a_claim() {
         pod_name: Some("ts-abc".into()),
         ..ToolSessionStatus::default()
     });
-    match decide(&s, None, ts(5), GRACE) {
+    match decide(&s, None, None, ts(5), GRACE) {
         SessionDecision::Status(st) => {
             assert_eq!(st.phase, Some(SessionPhase::Failed));
             assert!(st.message.unwrap().contains("disappeared"));
@@ -96,17 +108,20 @@ fn a_lost_pod_fails_an_emptydir_session_and_is_remade_on_a_claim() {
     }
     let failed = pod_of(&s, "Failed", false);
     assert!(matches!(
-        decide(&s, Some(&failed), ts(5), GRACE),
+        decide(&s, Some(&failed), None, ts(5), GRACE),
         SessionDecision::Status(ToolSessionStatus {
             phase: Some(SessionPhase::Failed),
             ..
         })
     ));
     s.spec.workspace.storage_class_name = Some("standard".into());
-    assert_eq!(decide(&s, None, ts(5), GRACE), SessionDecision::CreatePod);
+    assert_eq!(
+        decide(&s, None, None, ts(5), GRACE),
+        SessionDecision::CreatePod
+    );
     let failed = pod_of(&s, "Failed", false);
     assert_eq!(
-        decide(&s, Some(&failed), ts(5), GRACE),
+        decide(&s, Some(&failed), None, ts(5), GRACE),
         SessionDecision::DeletePod("ts-abc".into())
     );
 }
@@ -139,9 +154,9 @@ fn the_session_pod_is_a_locked_down_agent_with_its_workspace() {
         .iter()
         .find(|v| v["name"] == "workspace")
         .unwrap();
-    assert_eq!(ws["emptyDir"]["sizeLimit"], "256Mi");
+    assert_eq!(ws["emptyDir"]["sizeLimit"], "1024Mi");
     // The emptyDir counts against the pod's ephemeral storage: it grows by as much.
-    assert_eq!(c["resources"]["limits"]["ephemeral-storage"], "320Mi");
+    assert_eq!(c["resources"]["limits"]["ephemeral-storage"], "1088Mi");
     // A claim of the storage class instead, owned by the session.
     let mut s = session(600);
     s.spec.workspace = SessionWorkspace {
@@ -157,11 +172,210 @@ fn the_session_pod_is_a_locked_down_agent_with_its_workspace() {
         .unwrap()
         .clone();
     assert_eq!(ws["persistentVolumeClaim"]["claimName"], "ts-abc-workspace");
-    let claim = serde_json::to_value(workspace_claim(&s)).unwrap();
+    let claim = serde_json::to_value(workspace_claim(&s, &OperatorConfig::default())).unwrap();
     assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "1024Mi");
     assert_eq!(claim["spec"]["storageClassName"], "standard");
     // A RuntimeClass the operator does not allow is refused.
     let mut s = session(600);
     s.spec.runtime_class_name = Some("weak".into());
     assert!(session_pod(&s, &OperatorConfig::default()).is_err());
+}
+
+fn warm_config(n: u32) -> OperatorConfig {
+    OperatorConfig {
+        session_warm_pool: n,
+        ..OperatorConfig::default()
+    }
+}
+
+/// A ready, unclaimed warm session pod as the pool's watch shows it.
+fn warm_pod(name: &str, config: &OperatorConfig) -> Pod {
+    let hash = warmpool::spec_hash(warmpool::SESSION_POOL, config).unwrap();
+    let mut p = warmpool::warm_pod(name, warmpool::SESSION_POOL, &hash, config).unwrap();
+    p.metadata.resource_version = Some("41".into());
+    p.status = Some(PodStatus {
+        phase: Some("Running".into()),
+        container_statuses: Some(vec![ContainerStatus {
+            name: AGENT_CONTAINER.into(),
+            state: Some(ContainerState {
+                running: Some(ContainerStateRunning::default()),
+                ..ContainerState::default()
+            }),
+            ..ContainerStatus::default()
+        }]),
+        ..PodStatus::default()
+    });
+    p
+}
+
+#[test]
+fn a_warm_session_pod_is_the_pod_of_a_default_session_without_session_data() {
+    let config = warm_config(1);
+    let s = session(600);
+    let own = session_pod(&s, &config).unwrap();
+    let warm = warm_pod("warm-session-1", &config);
+    // Same spec but for the uid (derived from the pod's name).
+    assert_eq!(
+        warmpool::pod_spec_hash(&own),
+        warmpool::pod_spec_hash(&warm)
+    );
+    let uid = |p: &Pod| {
+        p.spec
+            .as_ref()
+            .and_then(|s| s.security_context.as_ref())
+            .and_then(|c| c.run_as_user)
+    };
+    assert_ne!(uid(&own), uid(&warm), "a uid of its own");
+    // Nothing of any session: no owner, no session or tenant label, the pool's labels.
+    let v = serde_json::to_value(&warm).unwrap();
+    assert!(v["metadata"]["ownerReferences"].is_null(), "{v}");
+    let labels = v["metadata"]["labels"].as_object().unwrap();
+    assert!(!labels.contains_key(labels::SESSION), "{labels:?}");
+    assert!(!labels.contains_key(labels::TENANT), "{labels:?}");
+    assert_eq!(labels[labels::WARM_POOL], warmpool::SESSION_POOL);
+    assert!(is_session_pool_pod(&warm));
+    // Its agent serves the workspace like a session pod's.
+    let cmd = &v["spec"]["containers"][0]["command"];
+    assert!(
+        cmd.to_string().contains("\"--workspace\",\"/workspace\""),
+        "{cmd}"
+    );
+}
+
+#[test]
+fn only_sessions_whose_pod_would_be_the_warm_one_take_it() {
+    let config = warm_config(1);
+    assert!(takes_warm_pod(&session(600), &config));
+    // Control: no session pool.
+    assert!(!takes_warm_pod(&session(600), &OperatorConfig::default()));
+    // Another workspace size, a claim, other limits: a pod of its own.
+    let mut s = session(600);
+    s.spec.workspace.size_mib = Some(512);
+    assert!(!takes_warm_pod(&s, &config));
+    // ... unless that is the configured size of warm session pods.
+    let sized = OperatorConfig {
+        session_workspace_mib: 512,
+        ..config.clone()
+    };
+    assert!(takes_warm_pod(&s, &sized));
+    let mut s = session(600);
+    s.spec.workspace.size_mib = Some(config.session_workspace_mib);
+    assert!(takes_warm_pod(&s, &config), "the default size, said");
+    let mut s = session(600);
+    s.spec.workspace.storage_class_name = Some("standard".into());
+    assert!(!takes_warm_pod(&s, &config));
+    let mut s = session(600);
+    s.spec.limits.memory_mib = Some(config.default_limits.memory_mib / 2);
+    assert!(!takes_warm_pod(&s, &config));
+    // The idle timeout and approval mode are the gateway's: they do not matter.
+    let mut s = session(60);
+    s.spec.approval_mode = toolrun_crd::session::SessionApprovalMode::None;
+    assert!(takes_warm_pod(&s, &config));
+}
+
+#[test]
+fn a_session_records_the_warm_pod_then_claims_it_then_is_ready_on_it() {
+    let config = warm_config(1);
+    let mut s = session(600);
+    let warm = warm_pod("warm-session-1", &config);
+    // No pod: the offered warm pod is recorded first (nothing claimed, nothing sent).
+    assert_eq!(
+        decide(&s, None, Some(&warm), ts(1), GRACE),
+        SessionDecision::Bind("warm-session-1".into())
+    );
+    s.status = Some(ToolSessionStatus {
+        phase: Some(SessionPhase::Pending),
+        pod_name: Some("warm-session-1".into()),
+        ..ToolSessionStatus::default()
+    });
+    assert_eq!(pod_name(&s), "warm-session-1");
+    // Recorded and still free: claimed at the version it was seen at.
+    assert_eq!(
+        decide(&s, Some(&warm), None, ts(2), GRACE),
+        SessionDecision::Claim {
+            pod: "warm-session-1".into(),
+            resource_version: "41".into()
+        }
+    );
+    // Once recorded, never another warm pod: the offer is ignored.
+    let other = warm_pod("warm-session-2", &config);
+    assert_eq!(
+        decide(&s, None, Some(&other), ts(2), GRACE),
+        SessionDecision::CreatePod,
+        "the recorded pod went: a pod of its own"
+    );
+    // Claimed (owner and labels): Ready on the warm pod.
+    let mut claimed = warm.clone();
+    claimed.metadata.owner_references = Some(vec![owner(&s)]);
+    match decide(&s, Some(&claimed), None, ts(3), GRACE) {
+        SessionDecision::Status(st) => {
+            assert_eq!(st.phase, Some(SessionPhase::Ready));
+            assert_eq!(st.pod_name.as_deref(), Some("warm-session-1"));
+        }
+        d => panic!("{d:?}"),
+    }
+}
+
+#[test]
+fn a_warm_pod_taken_failing_or_going_before_the_claim_means_a_pod_of_its_own() {
+    let config = warm_config(1);
+    let mut s = session(600);
+    s.status = Some(ToolSessionStatus {
+        phase: Some(SessionPhase::Pending),
+        pod_name: Some("warm-session-1".into()),
+        ..ToolSessionStatus::default()
+    });
+    let warm = warm_pod("warm-session-1", &config);
+    // Taken by another session.
+    let mut taken = warm.clone();
+    taken.metadata.owner_references = Some(vec![OwnerReference {
+        uid: "other".into(),
+        controller: Some(true),
+        ..owner(&s)
+    }]);
+    assert_eq!(
+        decide(&s, Some(&taken), None, ts(2), GRACE),
+        SessionDecision::CreatePod
+    );
+    // Its agent stopped.
+    let mut failing = warm.clone();
+    failing.status.as_mut().unwrap().phase = Some("Failed".into());
+    assert_eq!(
+        decide(&s, Some(&failing), None, ts(2), GRACE),
+        SessionDecision::CreatePod
+    );
+    // Being deleted.
+    let mut going = warm.clone();
+    going.metadata.deletion_timestamp = Some(Time(ts(1)));
+    assert_eq!(
+        decide(&s, Some(&going), None, ts(2), GRACE),
+        SessionDecision::CreatePod
+    );
+    // A one-shot pool's pod is never a session's (control: the session pool's is).
+    let mut python = warm.clone();
+    python
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(labels::WARM_POOL.into(), "python".into());
+    assert_eq!(
+        decide(&s, Some(&python), None, ts(2), GRACE),
+        SessionDecision::CreatePod
+    );
+    assert!(matches!(
+        decide(&s, Some(&warm), None, ts(2), GRACE),
+        SessionDecision::Claim { .. }
+    ));
+    // A pod named after the session that is not its own is still an error.
+    let mut s2 = session(600);
+    s2.metadata.uid = Some("another-uid".into());
+    let squatter = session_pod(&session(600), &config).unwrap();
+    assert!(matches!(
+        decide(&s2, Some(&squatter), None, ts(2), GRACE),
+        SessionDecision::Status(ToolSessionStatus {
+            phase: Some(SessionPhase::Failed),
+            ..
+        })
+    ));
 }

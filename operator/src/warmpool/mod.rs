@@ -34,6 +34,11 @@ use crate::builders;
 use crate::config::OperatorConfig;
 use crate::decide::{is_ready_warm_pod, is_terminal};
 
+/// The pool of warm session pods ([`crate::toolsession::warm_session_pod`]), beside the
+/// languages' pools: the value of their [`labels::WARM_POOL`] label (no language name has
+/// a dot).
+pub const SESSION_POOL: &str = "toolrun.session";
+
 /// Label on warm pods: a hash of the pod spec they were made from, so pods of an older
 /// configuration are replaced.
 pub const SPEC_HASH: &str = "toolrun.dev/warm-spec";
@@ -102,24 +107,43 @@ pub fn plan(
     plan
 }
 
-/// The pod a warm pod of `language` is made from, named `name`, with its labels.
+/// The pool sizes: each language's of `warmPool`, and [`SESSION_POOL`]'s.
+pub fn sizes(config: &OperatorConfig) -> BTreeMap<String, u32> {
+    let mut sizes = config.warm_pool.clone();
+    if config.session_warm_pool > 0 {
+        sizes.insert(SESSION_POOL.to_string(), config.session_warm_pool);
+    }
+    sizes
+}
+
+/// The pod a warm pod of `pool` (a language or [`SESSION_POOL`]) is made from, named
+/// `name`, with its labels.
 pub fn warm_pod(
     name: &str,
-    language: &str,
+    pool: &str,
     hash: &str,
     config: &OperatorConfig,
 ) -> Result<Pod, builders::BuildError> {
     let labels = BTreeMap::from([
-        (labels::WARM_POOL.to_string(), language.to_string()),
+        (labels::WARM_POOL.to_string(), pool.to_string()),
         (SPEC_HASH.to_string(), hash.to_string()),
     ]);
-    builders::agent_pod(name, language, labels, config)
+    if pool == SESSION_POOL {
+        return crate::toolsession::warm_session_pod(name, labels, config);
+    }
+    builders::agent_pod(name, pool, labels, config)
 }
 
-/// A hash of everything a warm pod of `language` is made from (its spec without the
+/// A hash of everything a warm pod of `pool` is made from (its spec without the
 /// name-derived parts), 16 hex digits: a label value.
-pub fn spec_hash(language: &str, config: &OperatorConfig) -> Result<String, builders::BuildError> {
-    let mut pod = builders::agent_pod("warm", language, BTreeMap::new(), config)?;
+pub fn spec_hash(pool: &str, config: &OperatorConfig) -> Result<String, builders::BuildError> {
+    Ok(pod_spec_hash(&warm_pod("warm", pool, "", config)?))
+}
+
+/// A hash of `pod`'s spec without the parts derived from its name (the uid in the
+/// security contexts), 16 hex digits.
+pub fn pod_spec_hash(pod: &Pod) -> String {
+    let mut pod = pod.clone();
     // The uid is derived from the name; everything else is the configuration's.
     if let Some(spec) = pod.spec.as_mut() {
         spec.security_context = None;
@@ -131,7 +155,7 @@ pub fn spec_hash(language: &str, config: &OperatorConfig) -> Result<String, buil
         }
     }
     let json = serde_json::to_vec(&pod.spec).expect("a pod spec serialises");
-    Ok(blake3::hash(&json).to_hex()[..16].to_string())
+    blake3::hash(&json).to_hex()[..16].to_string()
 }
 
 /// The warm pods this replica knows of, and the runs they were offered to.
@@ -195,12 +219,13 @@ pub async fn keep(
     pool: Arc<Pool>,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    if config.warm_pool.values().all(|&n| n == 0) {
+    let sizes = sizes(&config);
+    if sizes.values().all(|&n| n == 0) {
         return;
     }
     let pods: Api<Pod> = Api::namespaced(client, &config.namespace);
     let mut hashes = BTreeMap::new();
-    for lang in config.warm_pool.keys() {
+    for lang in sizes.keys() {
         match spec_hash(lang, &config) {
             Ok(h) => {
                 hashes.insert(lang.clone(), h);
@@ -221,7 +246,7 @@ pub async fn keep(
     let mut tick = tokio::time::interval(TICK);
     // Nothing is planned before the first complete list (the cache would look empty).
     let mut synced = false;
-    info!(sizes = ?config.warm_pool, "keeping the warm pool");
+    info!(?sizes, "keeping the warm pool");
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
@@ -245,7 +270,7 @@ pub async fn keep(
         for (lang, _) in created.values() {
             *in_flight.entry(lang.clone()).or_insert(0u32) += 1;
         }
-        let plan = plan(&state, &config.warm_pool, &hashes, &in_flight);
+        let plan = plan(&state, &sizes, &hashes, &in_flight);
         for name in &plan.delete {
             let dp = DeleteParams {
                 grace_period_seconds: Some(0),
@@ -262,7 +287,12 @@ pub async fn keep(
                 continue;
             };
             for _ in 0..*n {
-                let name = format!("warm-{lang}-{}", random_suffix());
+                let kind = if lang == SESSION_POOL {
+                    "session"
+                } else {
+                    lang
+                };
+                let name = format!("warm-{kind}-{}", random_suffix());
                 let pod = match warm_pod(&name, lang, hash, &config) {
                     Ok(p) => p,
                     Err(e) => {

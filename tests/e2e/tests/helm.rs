@@ -643,6 +643,8 @@ ephemeralStorageMiB: 64
 userNamespaces: false
 warmPool: {python: 2}
 toolImages: []
+sessionWarmPool: 1
+sessionWorkspaceMiB: 1024
 controller:
   concurrency: 16
   apiQps: 100
@@ -1145,6 +1147,7 @@ async fn bad_values_are_rejected_with_the_key_named() {
             vec![("sandbox.warmPool.python", json!(65))],
             "/sandbox/warmPool/python",
         ),
+        (vec![("sessions.warmPool", json!(65))], "/sessions/warmPool"),
         (vec![("operator.replicas", json!(-1))], "/operator/replicas"),
         (
             vec![("operator.controller.apiQps", json!(0))],
@@ -1283,6 +1286,14 @@ async fn bad_values_are_rejected_with_the_key_named() {
         (
             vec![("gateway.tls.clientCASecretName", json!("ca"))],
             "gateway.tls.clientCASecretName: client certificates need TLS",
+        ),
+        (
+            vec![("gateway.config.sessions.workspace_size_mb", json!(64))],
+            "gateway.config.sessions.workspace_size_mb: set sessions.workspaceSizeMiB instead",
+        ),
+        (
+            vec![("sessions.workspaceSizeMiB", json!(8))],
+            "/sessions/workspaceSizeMiB",
         ),
         (
             vec![
@@ -1968,9 +1979,12 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
     );
     assert!(c.command.starts_with("gcc ") && c.command.contains("{source}"));
     assert_eq!(c.image, Config::default().operator.images.bash);
-    // ... and the chart's warm pool (the operator keeps none unless told).
+    // ... and the chart's warm pools (the operator keeps none unless told).
     let warm = std::mem::take(&mut config.operator.warm_pool);
     assert_eq!(warm, [("python".to_string(), 2)].into());
+    assert_eq!(std::mem::take(&mut config.operator.session_warm_pool), 1);
+    // The gateway's default workspace size, which is the operator's.
+    assert_eq!(config.operator.session_workspace_mib, 1024);
     assert_eq!(config, Config::default());
 
     // Every value the chart passes on arrives where the operator reads it.
@@ -1998,6 +2012,8 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
             ("sandbox.ephemeralStorageMiB", json!(128)),
             ("sandbox.userNamespaces", json!(true)),
             ("sandbox.warmPool", json!({"python": 0, "bash": 3})),
+            ("sessions.warmPool", json!(3)),
+            ("sessions.workspaceSizeMiB", json!(256)),
             ("operator.controller.concurrency", json!(8)),
             ("operator.controller.apiQps", json!(20)),
             ("operator.controller.apiBurst", json!(40)),
@@ -2037,6 +2053,8 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
     assert_eq!(o.max_limits.processes, 128);
     assert_eq!(o.warm_pool.get("bash"), Some(&3));
     assert_eq!(o.warm_pool.get("python"), Some(&0));
+    assert_eq!(o.session_warm_pool, 3);
+    assert_eq!(o.session_workspace_mib, 256);
     assert_eq!(o.default_ttl_seconds_after_finished, 0);
     // baseEnv values merge onto the chart's defaults (Helm merges maps).
     assert_eq!(o.base_env.get("EXTRA").map(String::as_str), Some("1"));
@@ -2239,6 +2257,23 @@ async fn the_session_relay_is_reachable_only_from_the_gateway_with_a_shared_toke
         config["sandbox"]["kubernetes"]["sessionRelay"],
         json!({"address": format!("http://toolrun-operator-relay.{NS}.svc:50052"),
                "tokenFile": "/etc/toolrun-relay/token"})
+    );
+    // Workspaces are emptyDirs unless a StorageClass is given.
+    assert!(
+        config["sandbox"]["kubernetes"]
+            .get("sessionStorageClassName")
+            .is_none(),
+        "{config}"
+    );
+    let objs = render(&helm, &[("sessions.storageClassName", json!("local-disk"))])
+        .await
+        .expect("helm template with a StorageClass");
+    let cm = find(&objs, "ConfigMap", Some(NS), "toolrun-gateway");
+    let with_class =
+        helm::parse_manifests(cm["data"]["toolrun.yaml"].as_str().unwrap()).unwrap()[0].clone();
+    assert_eq!(
+        with_class["sandbox"]["kubernetes"]["sessionStorageClassName"],
+        "local-disk"
     );
     // Only the operator attaches; the gateway can neither attach nor exec.
     let gateway = grants(find(&objs, "Role", Some(SANDBOX_NS), "toolrun-gateway"));

@@ -13,11 +13,15 @@
 //!   a ToolRun with its status always fits in one etcd object;
 //! - env names are identifiers;
 //! - the spec is immutable once created, except `cancel`, which can only go false -> true;
-//! - the name is at most 63 characters, so it is a valid label value and pod hostname.
+//! - the name is at most 63 characters, so it is a valid label value and pod hostname;
+//! - a run is a `language` with its `code`, or an `image` with its `command` (a custom
+//!   tool's image), never both; an image run has no session.
 //!
 //! There is deliberately no field that could ask for privileges, host paths, host
 //! namespaces, capabilities, volumes, a service account or a node: the pod's security
-//! context is the operator's alone.
+//! context is the operator's alone. `image` chooses only the run container's image, and
+//! the operator runs it only when its `toolImages` allow-list names it (empty by default:
+//! no image runs), with the same lockdown as every sandbox pod.
 
 pub mod labels;
 pub mod session;
@@ -53,7 +57,10 @@ pub const MAX_TIMEOUT_SECONDS: u32 = 3_600;
 const SPEC_IMMUTABLE: &str = concat!(
     "self.tool == oldSelf.tool",
     " && has(self.callId) == has(oldSelf.callId) && (!has(self.callId) || self.callId == oldSelf.callId)",
-    " && self.language == oldSelf.language && self.code == oldSelf.code",
+    " && has(self.language) == has(oldSelf.language) && (!has(self.language) || self.language == oldSelf.language)",
+    " && has(self.code) == has(oldSelf.code) && (!has(self.code) || self.code == oldSelf.code)",
+    " && has(self.image) == has(oldSelf.image) && (!has(self.image) || self.image == oldSelf.image)",
+    " && has(self.command) == has(oldSelf.command) && (!has(self.command) || self.command == oldSelf.command)",
     " && has(self.args) == has(oldSelf.args) && (!has(self.args) || self.args == oldSelf.args)",
     " && has(self.env) == has(oldSelf.env) && (!has(self.env) || self.env == oldSelf.env)",
     " && has(self.stdin) == has(oldSelf.stdin) && (!has(self.stdin) || self.stdin == oldSelf.stdin)",
@@ -67,6 +74,11 @@ const SPEC_IMMUTABLE: &str = concat!(
 /// Cancelling is one-way: a cancelled run cannot be resumed.
 const CANCEL_ONE_WAY: &str =
     "!has(oldSelf.cancel) || !oldSelf.cancel || (has(self.cancel) && self.cancel)";
+/// What runs: a language and its code, or an image and its command.
+const ONE_PROGRAM: &str = "(has(self.language) && has(self.code) && !has(self.image) && !has(self.command)) \
+    || (!has(self.language) && !has(self.code) && has(self.image) && has(self.command))";
+/// A session's runs execute in the session's pod, whose image is the session's.
+const IMAGE_WITHOUT_SESSION: &str = "!has(self.image) || !has(self.session)";
 /// The name doubles as the `toolrun.dev/run` label value, which is at most 63 characters.
 const NAME_IS_LABEL: &str = "self.metadata.name.size() <= 63";
 
@@ -85,6 +97,12 @@ const NAME_IS_LABEL: &str = "self.metadata.name.size() <= 63";
     validation = Rule::new(NAME_IS_LABEL).message("metadata.name must be at most 63 characters"),
     printcolumn(name = "Tool", type_ = "string", json_path = ".spec.tool"),
     printcolumn(name = "Language", type_ = "string", json_path = ".spec.language"),
+    printcolumn(
+        name = "Image",
+        type_ = "string",
+        priority = 1,
+        json_path = ".spec.image"
+    ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(name = "Verdict", type_ = "string", json_path = ".status.verdict"),
     printcolumn(name = "Exit", type_ = "integer", json_path = ".status.exitCode"),
@@ -98,7 +116,9 @@ const NAME_IS_LABEL: &str = "self.metadata.name.size() <= 63";
 )]
 #[x_kube(
     validation = Rule::new(SPEC_IMMUTABLE).message("spec is immutable except cancel"),
-    validation = Rule::new(CANCEL_ONE_WAY).message("cancel cannot be undone")
+    validation = Rule::new(CANCEL_ONE_WAY).message("cancel cannot be undone"),
+    validation = Rule::new(ONE_PROGRAM).message("give language and code, or image and command"),
+    validation = Rule::new(IMAGE_WITHOUT_SESSION).message("an image run cannot run in a session")
 )]
 #[serde(rename_all = "camelCase")]
 pub struct ToolRunSpec {
@@ -113,13 +133,29 @@ pub struct ToolRunSpec {
     pub call_id: String,
     /// The program's language: `python`, `javascript`, `bash`, or one of the operator's
     /// configured `languages` (e.g. `typescript`, `c`); an unknown name fails the run with
-    /// the configured names in its reason.
+    /// the configured names in its reason. Given with `code`, or left out for an `image`
+    /// run (empty here).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = 32), regex(pattern = r"^[a-z][a-z0-9_-]*$"))]
     pub language: String,
     /// Program source. It reaches the pod only inside the run's ConfigMap, never on a
-    /// command line.
+    /// command line. Given with `language` (empty here for an `image` run).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     #[schemars(length(min = 1, max = MAX_CODE_CHARS))]
     pub code: String,
+    /// Instead of a language: the container image that runs `command` (a custom tool's
+    /// image). The operator runs it only when its `toolImages` allow it; otherwise the run
+    /// fails (INFRA_ERROR) with the reason and no pod is made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512), regex(pattern = r"^\S+$"))]
+    pub image: Option<String>,
+    /// The argv run in `image` (`args` are appended): its first element is an absolute
+    /// path or a name found on the base environment's PATH. It reaches the pod only inside
+    /// the run's ConfigMap, as code does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1, max = 64), inner(length(min = 1, max = 4096)))]
+    #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
+    pub command: Vec<String>,
     /// Arguments passed to the program.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 1024)))]

@@ -73,6 +73,7 @@ fn printer_columns() {
     let expected = [
         ("Tool", "string", ".spec.tool"),
         ("Language", "string", ".spec.language"),
+        ("Image", "string", ".spec.image"),
         ("Phase", "string", ".status.phase"),
         ("Verdict", "string", ".status.verdict"),
         ("Exit", "integer", ".status.exitCode"),
@@ -120,14 +121,25 @@ fn nothing_in_the_resource_can_ask_for_privileges_or_host_access() {
         "volumeMounts",
         "serviceAccountName",
         "nodeName",
-        "image",
-        "command",
+        "serviceAccount",
+        "initContainers",
+        "runAsUser",
     ];
     for f in forbidden {
         assert!(
             !names.iter().any(|n| n.eq_ignore_ascii_case(f)),
             "the ToolRun schema has a `{f}` field"
         );
+    }
+    // `image` and `command` exist once each, in the spec (an image run, allowed by the
+    // operator's toolImages): nowhere else, and not in the status.
+    for f in ["image", "command"] {
+        assert_eq!(
+            names.iter().filter(|n| n.eq_ignore_ascii_case(f)).count(),
+            1,
+            "{f}"
+        );
+        assert!(spec_schema()["properties"][f].is_object(), "{f}");
     }
     // The spec's fields, exactly: a new one must be added here on purpose.
     let spec = spec_schema();
@@ -144,7 +156,9 @@ fn nothing_in_the_resource_can_ask_for_privileges_or_host_access() {
             "callId",
             "cancel",
             "code",
+            "command",
             "env",
+            "image",
             "language",
             "limits",
             "runtimeClassName",
@@ -209,7 +223,15 @@ fn rules(schema: &Value) -> Vec<String> {
 #[test]
 fn cel_rules_are_in_place() {
     let spec_rules = rules(&spec_schema());
-    assert_eq!(spec_rules, [SPEC_IMMUTABLE, CANCEL_ONE_WAY]);
+    assert_eq!(
+        spec_rules,
+        [
+            SPEC_IMMUTABLE,
+            CANCEL_ONE_WAY,
+            ONE_PROGRAM,
+            IMAGE_WITHOUT_SESSION
+        ]
+    );
     // Every spec field but `cancel` is covered by the immutability rule.
     for field in spec_schema()["properties"].as_object().unwrap().keys() {
         if field != "cancel" {
@@ -328,12 +350,26 @@ fn schema_rejects_nonsense() {
         json!("é".repeat(MAX_CODE_CHARS as usize)),
     );
     validate_spec(&max_code).unwrap();
-    // Required fields: only what a person must say.
-    for field in ["language", "code"] {
-        let mut spec = good_spec();
-        spec.as_object_mut().unwrap().remove(field);
-        assert!(validate_spec(&spec).is_err(), "{field} is not required");
+    // Image runs: the image is one reference, the command an argv of bounded strings.
+    let image = json!({"image": "toolrun/sandbox:0.1.0", "command": ["python3", "-c", "print(1)"]});
+    validate_spec(&image).unwrap();
+    for (pointer, value) in [
+        ("/image", json!("")),
+        ("/image", json!("two words")),
+        ("/image", json!("x".repeat(513))),
+        ("/command", json!([])),
+        ("/command", json!([""])),
+        ("/command", json!(vec!["a"; 65])),
+        ("/command/0", json!("x".repeat(4097))),
+    ] {
+        let spec = with(image.clone(), pointer, value.clone());
+        let shown: String = value.to_string().chars().take(40).collect();
+        assert!(
+            validate_spec(&spec).is_err(),
+            "{pointer} = {shown} was accepted"
+        );
     }
+    // Which of language+code or image+command is required is CEL's (`ONE_PROGRAM`).
     // tool and callId may be left out: tool defaults to run_code (in the schema, so the API
     // server fills it in), callId to the object's name.
     let mut spec = good_spec();
@@ -553,4 +589,80 @@ fn cel_spec_is_immutable_except_cancel() {
         .unwrap()
         .remove("processes");
     assert!(validate_cel(&object("tr-1", more_limits), Some(&old)).is_err());
+}
+
+fn image_spec() -> Value {
+    json!({
+        "tool": "word_count",
+        "callId": "call-1",
+        "image": "toolrun/sandbox:0.1.0",
+        "command": ["python3", "-c", "print(1)"],
+        "stdin": "{\"text\":\"a b\"}",
+    })
+}
+
+#[test]
+fn cel_a_run_is_a_language_with_code_or_an_image_with_a_command() {
+    // The controls: each form alone passes.
+    validate_cel(&object("tr-1", good_spec()), None).unwrap();
+    let mut language_only = good_spec();
+    language_only.as_object_mut().unwrap().remove("session");
+    validate_cel(&object("tr-1", language_only.clone()), None).unwrap();
+    validate_cel(&object("tr-1", image_spec()), None).unwrap();
+    let mut both = language_only.clone();
+    both["image"] = json!("toolrun/sandbox:0.1.0");
+    both["command"] = json!(["python3"]);
+    let mut neither = language_only.clone();
+    neither.as_object_mut().unwrap().remove("language");
+    neither.as_object_mut().unwrap().remove("code");
+    let mut no_code = language_only.clone();
+    no_code.as_object_mut().unwrap().remove("code");
+    let mut no_command = image_spec();
+    no_command.as_object_mut().unwrap().remove("command");
+    let mut image_with_code = image_spec();
+    image_with_code["code"] = json!("print(1)");
+    for (what, spec) in [
+        ("both", both),
+        ("neither", neither),
+        ("language without code", no_code),
+        ("image without command", no_command),
+        ("image with code", image_with_code),
+    ] {
+        let err = validate_cel(&object("tr-1", spec), None).expect_err(what);
+        assert!(
+            err.contains("give language and code, or image and command"),
+            "{what}: {err}"
+        );
+    }
+    // An image run never goes to a session's pod.
+    let mut in_session = image_spec();
+    in_session["session"] = json!("ts-1");
+    let err = validate_cel(&object("tr-1", in_session), None).unwrap_err();
+    assert!(
+        err.contains("an image run cannot run in a session"),
+        "{err}"
+    );
+    // Immutable like the rest.
+    let old = object("tr-1", image_spec());
+    validate_cel(&old, Some(&old)).unwrap();
+    for (pointer, value) in [
+        ("/image", json!("toolrun/sandbox:0.2.0")),
+        ("/command/2", json!("print(2)")),
+    ] {
+        let new = object("tr-1", with(image_spec(), pointer, value));
+        let err = validate_cel(&new, Some(&old)).expect_err(pointer);
+        assert!(
+            err.contains("spec is immutable except cancel"),
+            "{pointer}: {err}"
+        );
+    }
+    let round: ToolRunSpec = serde_json::from_value(image_spec()).unwrap();
+    assert_eq!(round.language, "");
+    assert_eq!(round.image.as_deref(), Some("toolrun/sandbox:0.1.0"));
+    let back = serde_json::to_value(&round).unwrap();
+    assert!(
+        back.get("language").is_none() && back.get("code").is_none(),
+        "{back}"
+    );
+    assert_eq!(back["command"], image_spec()["command"]);
 }

@@ -176,11 +176,13 @@ pub struct Implementation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = MAX_CODE_CHARS))]
     pub script: Option<String>,
-    /// A container image whose `command` reads the arguments on stdin.
+    /// A container image whose `command` reads the arguments on stdin; only images the
+    /// chart's `sandbox.toolImages` names run (the gateway refuses others in the status).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
-    /// The image's command and its arguments.
+    /// The image's command and its arguments: the first element an absolute path or a name
+    /// on the sandbox's PATH.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 64), inner(length(max = 4096)))]
     #[schemars(extend("x-kubernetes-list-type" = "atomic"))]
@@ -218,6 +220,48 @@ impl Tool {
             .iter()
             .find(|c| c.type_ == READY)
     }
+}
+
+/// Checks one entry of an image allow-list (the operator's `toolImages`, the gateway's
+/// `sandbox.kubernetes.toolImages`): an image reference as written (`toolrun/sandbox:0.1.0`,
+/// `registry.example.com/tools/wc@sha256:...`), or a prefix ending in `/*` (every image
+/// under a registry or repository path), `:*` (every tag of one repository) or `@*` (every
+/// digest of one repository). Nothing else: a bare `*`, or `registry.example.com*` (which
+/// would also match `registry.example.com.evil.example/...`), is refused.
+pub fn check_image_pattern(pattern: &str) -> Result<(), String> {
+    if pattern.is_empty() || pattern.len() > 512 || pattern.contains(char::is_whitespace) {
+        return Err(format!(
+            "{pattern:?} is not an image reference (1-512 characters, no spaces)"
+        ));
+    }
+    match pattern.find('*') {
+        None => Ok(()),
+        Some(i)
+            if i + 1 == pattern.len()
+                && i >= 2
+                && matches!(pattern.as_bytes()[i - 1], b'/' | b':' | b'@') =>
+        {
+            Ok(())
+        }
+        Some(_) => Err(format!(
+            "{pattern:?}: `*` may only end a prefix, after `/`, `:` or `@` \
+             (e.g. registry.example.com/tools/*, toolrun/sandbox:*)"
+        )),
+    }
+}
+
+/// Whether `image` is allowed by `patterns` ([`check_image_pattern`]'s forms): equal to an
+/// entry, or starting with a prefix entry's text before its `*`. References are compared
+/// as written, without normalisation (`python:3` and `docker.io/library/python:3` are two
+/// entries). An empty list allows nothing.
+pub fn image_allowed(patterns: &[String], image: &str) -> bool {
+    if image.is_empty() || image.contains(char::is_whitespace) {
+        return false;
+    }
+    patterns.iter().any(|p| match p.strip_suffix('*') {
+        Some(prefix) => image.len() > prefix.len() && image.starts_with(prefix),
+        None => p == image,
+    })
 }
 
 /// A language name (built in or configured), as ToolRun's `spec.language`.
@@ -357,6 +401,60 @@ mod tests {
             *s.pointer_mut(pointer).unwrap() = value.clone();
             let e = validate(s).expect_err(&format!("{pointer} = {value} accepted"));
             assert!(e.contains(why), "{pointer} = {value}: {e}");
+        }
+    }
+
+    #[test]
+    fn image_allow_lists_match_exactly_or_by_an_anchored_prefix() {
+        let list: Vec<String> = [
+            "toolrun/sandbox:0.1.0",
+            "registry.example.com/tools/*",
+            "python:*",
+            "ghcr.io/acme/wc@*",
+        ]
+        .map(String::from)
+        .to_vec();
+        for p in &list {
+            check_image_pattern(p).unwrap();
+        }
+        for allowed in [
+            "toolrun/sandbox:0.1.0",
+            "registry.example.com/tools/wc:1",
+            "registry.example.com/tools/a/b@sha256:00",
+            "python:3.12-slim",
+            "ghcr.io/acme/wc@sha256:abcd",
+        ] {
+            assert!(image_allowed(&list, allowed), "{allowed} refused");
+        }
+        for refused in [
+            // Another tag, another repository, the registry's name extended, a prefix
+            // without anything after it, spelled with another registry, blank.
+            "toolrun/sandbox:0.1.1",
+            "toolrun/sandbox",
+            "toolrun/sandbox:0.1.0 ",
+            "registry.example.com/toolsx/wc:1",
+            "registry.example.com.evil.example/tools/wc:1",
+            "registry.example.com/tools/",
+            "python",
+            "docker.io/library/python:3",
+            "ghcr.io/acme/wc:1",
+            "",
+        ] {
+            assert!(!image_allowed(&list, refused), "{refused:?} allowed");
+        }
+        // The default, an empty list, allows nothing.
+        assert!(!image_allowed(&[], "toolrun/sandbox:0.1.0"));
+        for bad in [
+            "*",
+            "",
+            "a b",
+            "registry.example.com*",
+            "registry.example.com/*/wc",
+            "python:3*",
+            "/*",
+            "**",
+        ] {
+            assert!(check_image_pattern(bad).is_err(), "{bad:?} accepted");
         }
     }
 

@@ -41,6 +41,7 @@ fn print_one() -> SandboxRun {
         tenant: String::new(),
         workspace: None,
         session: None,
+        image: None,
     }
 }
 

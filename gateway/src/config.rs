@@ -288,6 +288,12 @@ pub struct KubernetesConfig {
     /// Sessions on Kubernetes: the operator's session relay (`SessionRelay`), through which
     /// the file tools reach a session pod. Unset: sessions are not served by this backend.
     pub session_relay: Option<SessionRelayConfig>,
+    /// The images custom tools may run (`implementation.image`): exact references or
+    /// prefixes ending in `/*`, `:*` or `@*`, as the operator's `toolImages` (the chart
+    /// renders both from `sandbox.toolImages`). A Tool naming another image is refused with
+    /// the reason in its status; the operator refuses such a ToolRun on its own too. Empty
+    /// (the default): no image tools.
+    pub tool_images: Vec<String>,
     /// StorageClass of session workspaces: set, each session's workspace is a
     /// PersistentVolumeClaim of it (it outlives the session's pod: a lost pod is made again
     /// with its files); unset, an emptyDir (gone with the pod).
@@ -319,6 +325,7 @@ impl Default for KubernetesConfig {
             runtime_class_name: None,
             start_timeout_seconds: 120,
             session_relay: None,
+            tool_images: Vec::new(),
             session_storage_class_name: None,
         }
     }
@@ -381,6 +388,10 @@ impl KubernetesConfig {
                     format!("{} is out of range 1..=600", r.timeout_seconds),
                 ));
             }
+        }
+        for (i, pattern) in self.tool_images.iter().enumerate() {
+            toolrun_crd::tool::check_image_pattern(pattern)
+                .map_err(|why| invalid(&format!("toolImages[{i}]"), why))?;
         }
         if !(1..=3600).contains(&self.start_timeout_seconds) {
             return Err(invalid(
@@ -905,6 +916,18 @@ mod tests {
         let relay = c.sandbox.kubernetes.session_relay.unwrap();
         assert_eq!(relay.address, "http://toolrun-operator-relay.ns.svc:50052");
         assert_eq!(relay.timeout_seconds, 60);
+        assert!(
+            c.sandbox.kubernetes.tool_images.is_empty(),
+            "no image tools by default"
+        );
+        let c = Config::from_yaml(
+            "sandbox:\n  kubernetes:\n    toolImages: [toolrun/sandbox:0.1.0, 'registry.example.com/tools/*']\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.sandbox.kubernetes.tool_images,
+            ["toolrun/sandbox:0.1.0", "registry.example.com/tools/*"]
+        );
         assert_eq!(c.sandbox.kubernetes.session_storage_class_name, None);
         let c =
             Config::from_yaml("sandbox:\n  kubernetes:\n    sessionStorageClassName: local-disk\n")
@@ -914,6 +937,11 @@ mod tests {
             Some("local-disk")
         );
         for (yaml, key) in [
+            ("toolImages: ['*']", "sandbox.kubernetes.toolImages[0]"),
+            (
+                "toolImages: [a, 'registry.example.com*']",
+                "sandbox.kubernetes.toolImages[1]",
+            ),
             ("namespace: Bad_NS", "sandbox.kubernetes.namespace"),
             ("namespace: ''", "sandbox.kubernetes.namespace"),
             (

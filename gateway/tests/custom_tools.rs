@@ -690,6 +690,37 @@ async fn mcp_lists_and_calls_custom_tools_with_their_schemas_and_annotations() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn an_image_tool_is_refused_by_the_local_backend_with_the_reason() {
+    bounded(async {
+        // The image is allowed (the allow-list is not what refuses it): the local sandbox
+        // has no containers. The script tool beside it is the control.
+        let image = "  - name: image_tool\n    description: An image tool.\n    input_schema: \
+            {type: object, properties: {text: {type: string}}}\n    implementation:\n      \
+            image: toolrun/sandbox:0.1.0\n      command: [python3, -c, 'print(1)']\n";
+        let mut gw = Gw::new(&format!(
+            "sandbox:\n  kubernetes:\n    toolImages: [toolrun/sandbox:0.1.0]\ncustom_tools:\n{}{image}",
+            tool_yaml("words_py", "python", WORDS_PY, WORDS_OUT)
+        ))
+        .await;
+        let st = gw.tool_state("image_tool").await.expect("refused tool listed");
+        assert_eq!(st["ready"], false, "{st}");
+        let reason = st["reason"].as_str().unwrap();
+        assert!(
+            reason.contains("implementation.image")
+                && reason.contains("kubernetes backend only")
+                && reason.contains("local"),
+            "{st}"
+        );
+        let (r, _) = gw.call("", "image_tool", json!({"text": "x"})).await;
+        assert_eq!(code(&r), "UNKNOWN_TOOL", "{r:?}");
+        let (r, o) = gw.call("", "words_py", json!({"text": "a b"})).await;
+        assert!(r.ok, "{r:?}");
+        assert_eq!(o["words"], 2);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn the_config_file_is_followed_add_change_remove_and_invalid() {
     bounded(async {
         let v = |n: u32| {

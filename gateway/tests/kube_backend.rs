@@ -128,6 +128,7 @@ fn sandbox_run(language: Language, code: &str, timeout_ms: u64, call_id: &str) -
         tenant: "team-k".into(),
         workspace: None,
         session: None,
+        image: None,
     }
 }
 

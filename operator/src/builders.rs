@@ -114,6 +114,18 @@ pub enum BuildError {
         /// Every language the operator runs, comma-separated.
         configured: String,
     },
+    /// An image run whose image the operator's `toolImages` do not allow.
+    #[error("image {image:?} is not allowed: the operator's toolImages ({allowed}) do not name it")]
+    ImageNotAllowed {
+        /// The ToolRun's image.
+        image: String,
+        /// The allow-list, comma-separated, or `none` when it is empty.
+        allowed: String,
+    },
+    /// A spec that is not one program (the CRD's CEL refuses these; a ToolRun made
+    /// without it must not reach a pod either).
+    #[error("{0}")]
+    NotOneProgram(&'static str),
     /// The run's spec does not fit in a ConfigMap.
     #[error("the run's spec is {0} bytes, more than a ConfigMap holds ({MAX_SPEC_JSON_BYTES})")]
     SpecTooLarge(usize),
@@ -174,6 +186,48 @@ pub fn ttl_seconds_after_finished(run: &ToolRun, config: &OperatorConfig) -> u32
         .unwrap_or(config.default_ttl_seconds_after_finished)
 }
 
+/// The image of an image run (`spec.image`, a custom tool's), once the operator's
+/// `toolImages` allow it; `None` for a language run. The spec must be one program: an image
+/// with a command and no language, code or session, or a language with code.
+pub fn tool_image<'r>(
+    run: &'r ToolRun,
+    config: &OperatorConfig,
+) -> Result<Option<&'r str>, BuildError> {
+    let s = &run.spec;
+    let Some(image) = s.image.as_deref() else {
+        if s.language.is_empty() || !s.command.is_empty() {
+            return Err(BuildError::NotOneProgram(
+                "give language and code, or image and command",
+            ));
+        }
+        return Ok(None);
+    };
+    if s.command.first().is_none_or(String::is_empty)
+        || !s.language.is_empty()
+        || !s.code.is_empty()
+    {
+        return Err(BuildError::NotOneProgram(
+            "give language and code, or image and command",
+        ));
+    }
+    if s.session.is_some() {
+        return Err(BuildError::NotOneProgram(
+            "an image run cannot run in a session",
+        ));
+    }
+    if !toolrun_crd::tool::image_allowed(&config.tool_images, image) {
+        return Err(BuildError::ImageNotAllowed {
+            image: image.to_string(),
+            allowed: if config.tool_images.is_empty() {
+                "none".into()
+            } else {
+                config.tool_images.join(", ")
+            },
+        });
+    }
+    Ok(Some(image))
+}
+
 /// The image of `run`'s language and, for a configured language, its definition.
 pub fn language<'c>(
     run: &ToolRun,
@@ -199,30 +253,50 @@ pub fn language<'c>(
 /// What the runner in the pod reads from `/toolrun/spec/spec.json`: the program as the
 /// local backend would run it ([`toolrun_runner::interp`]: a configured language's source
 /// file and command, python's matplotlib backend) and the outputs directory to collect.
+///
+/// An image run executes its `command` itself ([`toolrun_runner::Language::Exec`]): the
+/// first element as the program, the rest and then `args` as its arguments, with the same
+/// environment, stdin, limits, outputs directory and record as a language run.
 pub fn run_spec(run: &ToolRun, config: &OperatorConfig) -> Result<RunSpec, BuildError> {
     let limits = resolve_limits(&run.spec.limits, config)?;
-    let (image, configured) = language(run, config)?;
     let mut env = config.base_env.clone();
     let mut files = Vec::new();
-    let (language, code) = match configured {
-        Some(l) => {
-            env.extend(l.env.clone());
-            let (code, source) =
-                interp::configured_program(&l.command, &l.extension, run.spec.code.clone());
-            files.push(source);
-            (toolrun_runner::Language::Bash, code)
-        }
-        None => {
-            let (_, language) = config
-                .images
-                .builtin(&run.spec.language)
-                .expect("language() found it built in");
-            (language, run.spec.code.clone())
+    let mut args = run.spec.args.clone();
+    let (language, code, interpreter) = if tool_image(run, config)?.is_some() {
+        // The command's first element is the program, the rest come before `args`.
+        let command = &run.spec.command;
+        args.splice(0..0, command[1..].iter().cloned());
+        (
+            toolrun_runner::Language::Exec,
+            String::new(),
+            command[0].clone(),
+        )
+    } else {
+        match language(run, config)? {
+            (image, Some(l)) => {
+                env.extend(l.env.clone());
+                let (code, source) =
+                    interp::configured_program(&l.command, &l.extension, run.spec.code.clone());
+                files.push(source);
+                (
+                    toolrun_runner::Language::Bash,
+                    code,
+                    image.interpreter.clone(),
+                )
+            }
+            (image, None) => {
+                let (_, language) = config
+                    .images
+                    .builtin(&run.spec.language)
+                    .expect("language() found it built in");
+                (language, run.spec.code.clone(), image.interpreter.clone())
+            }
         }
     };
     if let Some(a) = &config.artifacts {
         env.insert("TOOLRUN_OUTPUTS".into(), a.dir.clone());
-        if language == toolrun_runner::Language::Python && configured.is_none() {
+        // Only a built-in python run has Language::Python (a configured one runs bash).
+        if language == toolrun_runner::Language::Python {
             interp::python_matplotlib(&mut env, &mut files, Some(interp::DEBIAN_MPL_DATA));
         }
     }
@@ -235,10 +309,10 @@ pub fn run_spec(run: &ToolRun, config: &OperatorConfig) -> Result<RunSpec, Build
     Ok(RunSpec {
         language,
         code,
-        args: run.spec.args.clone(),
+        args,
         env,
         stdin: run.spec.stdin.clone(),
-        interpreter: image.interpreter.clone(),
+        interpreter,
         // In a session the program works in the session's workspace.
         workdir: if run.spec.session.is_some() {
             "/workspace".into()
@@ -336,8 +410,15 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
     let uid = sandbox_uid(run, config);
 
     let resources = resources(limits, config);
-    let (language_image, _) = language(run, config)?;
-    let image = &language_image.image;
+    // An image run's container is its tool image, with the runner always copied in (the
+    // image carries nothing of ours); a language run's is its language's image.
+    let (image, runner_in_image) = match tool_image(run, config)? {
+        Some(image) => (image.to_string(), None),
+        None => {
+            let (l, _) = language(run, config)?;
+            (l.image.clone(), l.runner_path.clone())
+        }
+    };
     let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
         name: name.into(),
         mount_path: path.into(),
@@ -369,8 +450,8 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
     let mut run_mounts = vec![mount("spec", SPEC_DIR, true), mount("tmp", "/tmp", false)];
     // The runner: from the language image when it carries one, else copied by an init
     // container from the runner image into a volume the run container mounts read-only.
-    let (runner_path, init_containers) = match &language_image.runner_path {
-        Some(path) => (path.clone(), None),
+    let (runner_path, init_containers) = match runner_in_image {
+        Some(path) => (path, None),
         None => {
             let runner_path = format!("{BIN_DIR}/toolrun-runner");
             volumes.insert(
@@ -406,7 +487,7 @@ pub fn pod(run: &ToolRun, config: &OperatorConfig) -> Result<Pod, BuildError> {
     };
     let run_container = Container {
         name: RUN_CONTAINER.into(),
-        image: Some(image.clone()),
+        image: Some(image),
         image_pull_policy: config.image_pull_policy.clone(),
         // Fixed argv: the code, args and env are only in spec.json. The runner refuses to
         // start the program while the API server (from the kubelet's KUBERNETES_SERVICE_*
@@ -489,6 +570,8 @@ pub fn agent_pod(
             call_id: String::new(),
             language: language.into(),
             code: "\n".into(),
+            image: None,
+            command: Vec::new(),
             args: Vec::new(),
             env: Vec::new(),
             stdin: String::new(),
@@ -608,3 +691,6 @@ pub fn network_policy(namespace: &str) -> NetworkPolicy {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod image_tests;

@@ -57,6 +57,11 @@ pub struct OperatorConfig {
     /// `builders::sandbox_uid`). Either way `limits.processes` is enforced per pod with
     /// RLIMIT_NPROC, under the node's `podPidsLimit`.
     pub user_namespaces: bool,
+    /// The images a ToolRun may name in `spec.image` (a custom tool's image and command):
+    /// exact references or prefixes ending in `/*`, `:*` or `@*`
+    /// ([`toolrun_crd::tool::check_image_pattern`]). Empty (the default): no image runs;
+    /// such a ToolRun fails with INFRA_ERROR and the reason, and no pod is made.
+    pub tool_images: Vec<String>,
     /// Warm pods kept ready per language (`warmPool: {python: 2}`): a one-shot ToolRun
     /// with the default pod limits and RuntimeClass runs in one of them instead of a new
     /// pod (see [`crate::warmpool`]). Empty: every run gets a cold pod.
@@ -216,6 +221,7 @@ impl Default for OperatorConfig {
             tmp_size_mib: 64,
             ephemeral_storage_mib: 64,
             user_namespaces: false,
+            tool_images: Vec::new(),
             warm_pool: BTreeMap::new(),
             session_warm_pool: 0,
             session_workspace_mib: 1024,
@@ -472,6 +478,11 @@ impl Config {
                 );
             }
         }
+        for (i, pattern) in o.tool_images.iter().enumerate() {
+            if let Err(why) = toolrun_crd::tool::check_image_pattern(pattern) {
+                return invalid(&format!("toolImages[{i}]"), why);
+            }
+        }
         for (lang, size) in &o.warm_pool {
             let key = format!("warmPool.{lang}");
             if o.images.builtin(lang).is_none() && !o.languages.contains_key(lang) {
@@ -676,6 +687,7 @@ mod file {
         #[serde(rename = "ephemeralStorageMiB")]
         ephemeral_storage_mib: Option<u32>,
         user_namespaces: Option<bool>,
+        tool_images: Option<Vec<String>>,
         warm_pool: Option<BTreeMap<String, u32>>,
         session_warm_pool: Option<u32>,
         #[serde(rename = "sessionWorkspaceMiB")]
@@ -857,6 +869,7 @@ mod file {
             set(&mut o.tmp_size_mib, self.tmp_size_mib);
             set(&mut o.ephemeral_storage_mib, self.ephemeral_storage_mib);
             set(&mut o.user_namespaces, self.user_namespaces);
+            set(&mut o.tool_images, self.tool_images);
             set(&mut o.warm_pool, self.warm_pool);
             set(&mut o.session_warm_pool, self.session_warm_pool);
             set(&mut o.session_workspace_mib, self.session_workspace_mib);

@@ -216,7 +216,9 @@ pub fn is_session_pod_of(pod: &Pod, run: &ToolRun) -> bool {
 /// request).
 pub fn warm_language<'r>(run: &'r ToolRun, config: &OperatorConfig) -> Option<&'r str> {
     let language = run.spec.language.as_str();
-    if config.warm_pool.get(language).copied().unwrap_or(0) == 0 || run.spec.cancel {
+    // An image run needs its own image: never a warm pod's.
+    let image_run = run.spec.image.is_some();
+    if config.warm_pool.get(language).copied().unwrap_or(0) == 0 || run.spec.cancel || image_run {
         return None;
     }
     let limits = builders::resolve_limits(&run.spec.limits, config).ok()?;

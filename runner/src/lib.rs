@@ -75,6 +75,11 @@ pub enum Language {
     Javascript,
     /// `bash -c CODE bash ARGS...`
     Bash,
+    /// `INTERPRETER ARGS...`: no interpreter and no code; `interpreter` is the program
+    /// itself (a custom tool's image command: its first element here, the rest first in
+    /// `args`), an absolute path or a name looked up on the run's own `PATH`. `code` is
+    /// ignored.
+    Exec,
 }
 
 impl Language {
@@ -84,6 +89,7 @@ impl Language {
             Language::Python => "python",
             Language::Javascript => "javascript",
             Language::Bash => "bash",
+            Language::Exec => "exec",
         }
     }
 }
@@ -130,7 +136,8 @@ pub struct RunSpec {
     /// Bytes written to the program's stdin, then closed.
     #[serde(default)]
     pub stdin: String,
-    /// Absolute path of the interpreter inside the sandbox.
+    /// Absolute path of the interpreter inside the sandbox (for [`Language::Exec`], the
+    /// program: an absolute path or a name on `env`'s `PATH`).
     pub interpreter: String,
     /// Working directory inside the sandbox.
     #[serde(default = "default_workdir")]

@@ -159,6 +159,8 @@ pub fn argv(spec: &RunSpec) -> Vec<String> {
         }
         // $0 is "bash", the args are $1...
         Language::Bash => v.extend(["-c".into(), spec.code.clone(), "bash".into()]),
+        // The program itself: its argv is the interpreter and the args, nothing between.
+        Language::Exec => {}
     }
     v.extend(spec.args.iter().cloned());
     v

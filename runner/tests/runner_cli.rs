@@ -21,6 +21,7 @@ fn spec(language: Language, code: &str, timeout_ms: u64) -> RunSpec {
             Language::Python => "/usr/bin/python3",
             Language::Javascript => "/usr/bin/node",
             Language::Bash => "/bin/bash",
+            Language::Exec => "/bin/cat",
         }
         .into(),
         workdir: "/tmp".into(),
@@ -88,6 +89,43 @@ fn chunks_then_exactly_one_record() {
     assert!(events.contains(&Event::Stdout {
         data: "out\n".into()
     }));
+}
+
+#[test]
+fn exec_runs_the_program_itself_with_its_args_and_stdin() {
+    // A custom tool's image command: argv is the program and its arguments, nothing
+    // between; the arguments JSON arrives on stdin; a bare name is found on the run's PATH.
+    let mut s = spec(Language::Exec, "ignored", 5_000);
+    s.interpreter = "python3".into();
+    s.args = vec![
+        "-c".into(),
+        "import json, sys; a = json.load(sys.stdin); print(json.dumps({'n': len(a['text'].split()), 'argv': sys.argv[1:]}))".into(),
+        "x y".into(),
+    ];
+    s.env = [("PATH".to_string(), "/usr/bin:/bin".to_string())].into();
+    s.stdin = r#"{"text": "a b c"}"#.into();
+    let events = run(&s);
+    let rec = record(&events);
+    assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+    assert_eq!(rec.stdout, "{\"n\": 3, \"argv\": [\"x y\"]}\n");
+    // The same limits and verdicts as a language run: a non-zero exit...
+    let mut fail = s.clone();
+    fail.args = vec!["-c".into(), "import sys; sys.exit(4)".into()];
+    let rec = record(&run(&fail)).clone();
+    assert_eq!((rec.verdict, rec.exit_code), (Verdict::RuntimeError, 4));
+    // ...the wall clock...
+    let mut slow = s.clone();
+    slow.interpreter = "/bin/sleep".into();
+    slow.args = vec!["10".into()];
+    slow.limits.timeout_ms = 300;
+    let rec = record(&run(&slow)).clone();
+    assert_eq!(rec.verdict, Verdict::Timeout, "{rec:?}");
+    // ...and a program that is not there is the runner's INFRA_ERROR, naming it.
+    let mut missing = s.clone();
+    missing.interpreter = "no-such-program".into();
+    let rec = record(&run(&missing)).clone();
+    assert_eq!(rec.verdict, Verdict::InfraError, "{rec:?}");
+    assert!(rec.message.contains("no-such-program"), "{}", rec.message);
 }
 
 #[test]

@@ -80,6 +80,12 @@ pub struct SandboxRun {
     /// set in the ToolRun's `spec.session` and `toolrun.dev/session` label. `None` for
     /// one-shot runs and on the local backend.
     pub session: Option<String>,
+    /// Kubernetes backend: run in this container image (a custom tool's image) instead of a
+    /// language's. `spec` is then a [`toolrun_runner::Language::Exec`] run: the ToolRun gets
+    /// `spec.image` and `spec.command` = the interpreter followed by the args, and the
+    /// operator runs it only when its `toolImages` allow the image. No session. The local
+    /// backend refuses it ([`SandboxError::Rejected`]): it has no containers.
+    pub image: Option<String>,
 }
 
 /// Failures of the sandbox itself (not of the program: those are verdicts in the record).

@@ -3,10 +3,13 @@
 //!
 //! A declaration names the tool, describes it, gives its input (and optionally output) JSON
 //! Schema, its behaviour hints and an implementation: a script in one of the sandbox's
-//! languages. A call runs the script exactly as run_code runs a program (the same
-//! [`SandboxPool::run`]: limits, isolation, verdicts, the session's workspace), with the
-//! validated arguments as JSON on stdin; its stdout must be one JSON value that passes the
-//! output schema.
+//! languages, or (kubernetes backend) a container image and the command run in it. A call
+//! runs the script exactly as run_code runs a program (the same [`SandboxPool::run`]:
+//! limits, isolation, verdicts, the session's workspace), with the validated arguments as
+//! JSON on stdin; its stdout must be one JSON value that passes the output schema. An image
+//! tool runs the same way in a pod of its own whose run container is the image (the runner
+//! copied in executes the command): only images `sandbox.kubernetes.toolImages` names, and
+//! never in a session's pod (a call in a session runs without the workspace).
 //!
 //! Declarations are checked one by one: a bad one is refused with its reason (logged, in
 //! `/readyz`, in the `Tool` resource's status) while the others serve.
@@ -23,7 +26,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::run_code::{CodeRun, LanguageArg, RunCodeOutput, SandboxPool};
+use super::run_code::{CodeRun, ImageCommand, LanguageArg, RunCodeOutput, SandboxPool};
 use crate::approval::{ApprovalAsk, ApprovalKind};
 use crate::config::{Limits, LimitsOverride, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, SandboxConfig};
 use crate::error::{ErrorCode, ToolError};
@@ -37,6 +40,12 @@ pub const MAX_SCRIPT_BYTES: usize = 50_000;
 pub const MAX_DESCRIPTION_BYTES: usize = 4_096;
 /// Most custom tools served at once.
 pub const MAX_CUSTOM_TOOLS: usize = 256;
+/// Longest image reference (the Tool and ToolRun resources' bound).
+pub const MAX_IMAGE_BYTES: usize = 512;
+/// Most elements of an image's command (the ToolRun resource's bound).
+pub const MAX_COMMAND_ELEMENTS: usize = 64;
+/// Longest element of an image's command, in characters (the ToolRun resource's bound).
+pub const MAX_COMMAND_CHARS: usize = 4096;
 /// How much of stderr a failed call's message quotes.
 const STDERR_TAIL: usize = 1_000;
 
@@ -86,10 +95,12 @@ pub struct Implementation {
     /// A file holding the script, relative to the configuration file's directory.
     #[serde(default)]
     pub script_file: Option<PathBuf>,
-    /// A container image (Kubernetes `Tool` resources only).
+    /// A container image (kubernetes backend only; one `sandbox.kubernetes.toolImages`
+    /// names).
     #[serde(default)]
     pub image: Option<String>,
-    /// The image's command (Kubernetes `Tool` resources only).
+    /// The program run in `image` and its arguments: an absolute path or a name on the
+    /// sandbox's PATH (`/usr/local/bin:/usr/bin:/bin`); it reads the arguments on stdin.
     #[serde(default)]
     pub command: Vec<String>,
 }
@@ -110,8 +121,11 @@ pub struct CustomTool {
     input_schema: Value,
     output_schema: Value,
     output_validator: jsonschema::Validator,
+    /// The script's language and source (empty for an image tool).
     language: String,
     script: String,
+    /// An image tool's image and command.
+    image: Option<ImageCommand>,
     pool: Arc<SandboxPool>,
     limits: Limits,
     timeout: Duration,
@@ -161,7 +175,7 @@ impl CustomTool {
         }
         let limits = cx.sandbox.limits.merged(spec.limits.as_ref());
         limits.validate("limits").map_err(|e| e.to_string())?;
-        let (language, script) = implementation(spec.implementation, base_dir, cx)?;
+        let (language, script, image) = implementation(spec.implementation, base_dir, cx)?;
         let Some(pool) = cx.pool.clone() else {
             return Err("the gateway runs without a sandbox (--no-sandbox)".into());
         };
@@ -201,6 +215,7 @@ impl CustomTool {
             output_validator,
             language,
             script,
+            image,
             pool,
             limits,
             timeout: Duration::from_millis(timeout_ms),
@@ -263,18 +278,16 @@ impl CustomTool {
     }
 }
 
-/// The language and script of an implementation, checked against the sandbox.
+/// The language and script of an implementation, or its image and command, checked
+/// against the sandbox.
 fn implementation(
     i: Implementation,
     base_dir: Option<&Path>,
     cx: &BuildContext,
-) -> Result<(String, String), String> {
+) -> Result<(String, String, Option<ImageCommand>), String> {
     if i.image.is_some() || !i.command.is_empty() {
-        return Err(
-            "implementation: image and command are not run by this gateway yet; declare a \
-             language and a script"
-                .into(),
-        );
+        let image = image_implementation(i, cx)?;
+        return Ok((String::new(), String::new(), Some(image)));
     }
     let Some(language) = i.language else {
         return Err("implementation.language: missing (python, javascript, bash, ...)".into());
@@ -323,7 +336,83 @@ fn implementation(
             script.len()
         ));
     }
-    Ok((language, script))
+    Ok((language, script, None))
+}
+
+/// An image implementation: the kubernetes backend only, an image `toolImages` allows, a
+/// command the ToolRun resource holds. (Without a sandbox at all, `--no-sandbox` refuses
+/// every custom tool after these checks.)
+fn image_implementation(i: Implementation, cx: &BuildContext) -> Result<ImageCommand, String> {
+    if i.language.is_some() || i.script.is_some() || i.script_file.is_some() {
+        return Err(
+            "implementation: give language and script, or image and command, not both".into(),
+        );
+    }
+    let Some(image) = i.image else {
+        return Err("implementation.image: missing (the image the command runs in)".into());
+    };
+    if i.command.is_empty() {
+        return Err(
+            "implementation.command: missing (the program run in the image, and its arguments)"
+                .into(),
+        );
+    }
+    if let Some(pool) = &cx.pool
+        && pool.sandbox().info().backend != "kubernetes"
+    {
+        return Err(format!(
+            "implementation.image: container images run on the kubernetes backend only (a Tool \
+             resource), this gateway's backend is {}: declare a language and a script",
+            pool.sandbox().info().backend
+        ));
+    }
+    check_image(&image, &i.command, &cx.sandbox.kubernetes.tool_images)?;
+    Ok(ImageCommand {
+        image,
+        command: i.command,
+    })
+}
+
+/// An image tool's image and command, against the allow-list (`toolImages`) and the
+/// ToolRun resource's bounds.
+pub fn check_image(image: &str, command: &[String], allowed: &[String]) -> Result<(), String> {
+    if image.is_empty() || image.len() > MAX_IMAGE_BYTES || image.contains(char::is_whitespace) {
+        return Err(format!(
+            "implementation.image: {image:?} is not an image reference (1-{MAX_IMAGE_BYTES} \
+             characters, no spaces)"
+        ));
+    }
+    if command.len() > MAX_COMMAND_ELEMENTS {
+        return Err(format!(
+            "implementation.command: {} elements, at most {MAX_COMMAND_ELEMENTS}",
+            command.len()
+        ));
+    }
+    if command.first().is_none_or(|p| p.trim().is_empty()) {
+        return Err("implementation.command[0]: the program is empty".into());
+    }
+    if let Some((n, c)) = command
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c.chars().count() > MAX_COMMAND_CHARS)
+    {
+        return Err(format!(
+            "implementation.command[{n}]: {} characters, at most {MAX_COMMAND_CHARS}",
+            c.chars().count()
+        ));
+    }
+    if !toolrun_crd::tool::image_allowed(allowed, image) {
+        let list = if allowed.is_empty() {
+            "none".to_string()
+        } else {
+            allowed.join(", ")
+        };
+        return Err(format!(
+            "implementation.image: {image:?} is not allowed: sandbox.kubernetes.toolImages \
+             ({list}) does not name it (the chart's sandbox.toolImages)"
+        ));
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -358,6 +447,8 @@ impl Tool for CustomTool {
         }
         let (kind, what) = if self.hints.destructive {
             (ApprovalKind::Destructive, "destructive")
+        } else if self.image.is_some() {
+            (ApprovalKind::Execute, "runs its container image")
         } else {
             (ApprovalKind::Execute, "runs in the workspace")
         };
@@ -377,6 +468,7 @@ impl Tool for CustomTool {
             timeout: self.timeout,
             tool: self.metadata.id.clone(),
             workdir: None,
+            image: self.image.clone(),
         };
         match self.pool.run(run, &self.limits, ctx).await {
             Ok(out) => self.output(out),
@@ -493,7 +585,7 @@ mod tests {
         );
         refused(
             json!({"implementation": {"image": "busybox", "command": ["true"]}}),
-            "image and command",
+            "give language and script, or image and command, not both",
         );
         refused(
             json!({"implementation": {"lang": "python"}}),
@@ -536,5 +628,233 @@ mod example_tests {
         // Every check passes; only this test's missing sandbox refuses it.
         let e = CustomTool::build(spec, Some(dir), &cx).err().unwrap();
         assert!(e.contains("--no-sandbox"), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod image_tests {
+    use std::sync::Mutex;
+
+    use tokio::sync::mpsc;
+    use tokio_util::sync::CancellationToken;
+    use toolrun_runner::{Language, RunRecord, Verdict};
+
+    use super::*;
+    use crate::sandbox::{Sandbox, SandboxError, SandboxInfo, SandboxRun};
+    use crate::tool::StreamChunk;
+    use crate::tools::custom_reload::from_config;
+
+    const IMAGE: &str = "toolrun/sandbox:0.1.0";
+    const SCRIPT: &str = "import json,sys; a=json.load(sys.stdin); print(json.dumps({'words': len(a['text'].split())}))";
+
+    /// A backend that records what it is asked to run and answers `stdout`.
+    struct Recording {
+        backend: &'static str,
+        stdout: &'static str,
+        runs: Mutex<Vec<SandboxRun>>,
+    }
+
+    #[async_trait]
+    impl Sandbox for Recording {
+        fn info(&self) -> SandboxInfo {
+            SandboxInfo {
+                backend: self.backend.into(),
+                mechanisms: Vec::new(),
+            }
+        }
+
+        async fn run(
+            &self,
+            run: SandboxRun,
+            _stream: Option<mpsc::Sender<StreamChunk>>,
+            _cancel: CancellationToken,
+        ) -> Result<RunRecord, SandboxError> {
+            self.runs.lock().unwrap().push(run);
+            Ok(RunRecord {
+                version: toolrun_runner::PROTOCOL_VERSION,
+                verdict: Verdict::Ok,
+                exit_code: 0,
+                signal: None,
+                stdout: self.stdout.into(),
+                stderr: String::new(),
+                stdout_truncated: false,
+                stderr_truncated: false,
+                timed_out: false,
+                duration_ms: 5,
+                message: String::new(),
+                artifacts: None,
+            })
+        }
+    }
+
+    fn context(backend: &'static str, allowed: &[&str]) -> (BuildContext, Arc<Recording>) {
+        let sandbox = Arc::new(Recording {
+            backend,
+            stdout: "{\"words\": 2}\n",
+            runs: Mutex::new(Vec::new()),
+        });
+        let mut config = SandboxConfig::default();
+        config.kubernetes.tool_images = allowed.iter().map(|s| s.to_string()).collect();
+        let pool = SandboxPool::new(
+            sandbox.clone(),
+            config.clone(),
+            Arc::new(crate::metrics::Metrics::new()),
+        );
+        (
+            BuildContext {
+                pool: Some(Arc::new(pool)),
+                sandbox: config,
+            },
+            sandbox,
+        )
+    }
+
+    fn declare(implementation: Value, cx: &BuildContext) -> Result<CustomTool, String> {
+        let v = json!({
+            "name": "word_count",
+            "description": "Counts words.",
+            "input_schema": {"type": "object", "properties": {"text": {"type": "string"}},
+                             "required": ["text"]},
+            "output_schema": {"type": "object", "properties": {"words": {"type": "integer"}},
+                              "required": ["words"]},
+            "annotations": {"read_only": true},
+            "implementation": implementation,
+        });
+        let d = from_config(&[v], None).remove(0);
+        d.spec.and_then(|s| CustomTool::build(s, None, cx))
+    }
+
+    fn image_impl(image: &str) -> Value {
+        json!({"image": image, "command": ["python3", "-c", SCRIPT]})
+    }
+
+    #[tokio::test]
+    async fn an_image_tool_runs_its_command_in_its_image_with_the_arguments_on_stdin() {
+        let (cx, sandbox) = context("kubernetes", &["toolrun/sandbox:*"]);
+        let tool = declare(image_impl(IMAGE), &cx).unwrap();
+        let ctx = CallContext::with_timeout("call-img", Duration::from_secs(10));
+        let out = tool.call(json!({"text": "a b"}), &ctx).await.unwrap();
+        assert_eq!(out, json!({"words": 2}));
+        let run = &sandbox.runs.lock().unwrap()[0].clone();
+        assert_eq!(run.image.as_deref(), Some(IMAGE));
+        assert_eq!(run.spec.language, Language::Exec);
+        assert_eq!(run.spec.interpreter, "python3");
+        assert_eq!(run.spec.args, ["-c", SCRIPT]);
+        assert_eq!(run.spec.code, "");
+        assert_eq!(run.spec.stdin, r#"{"text":"a b"}"#);
+        assert_eq!(run.spec.workdir, "/tmp");
+        assert_eq!(
+            (run.session.as_deref(), run.workspace.as_ref()),
+            (None, None)
+        );
+        assert_eq!(run.tool, "word_count");
+        // The ToolRun the kubernetes backend creates for it: image and command, the
+        // arguments as stdin, no language.
+        let tr = crate::sandbox::kubernetes::convert::tool_run(
+            "run-1",
+            run,
+            &crate::config::KubernetesConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(tr.spec.image.as_deref(), Some(IMAGE));
+        assert_eq!(tr.spec.command, ["python3", "-c", SCRIPT]);
+        assert_eq!(tr.spec.stdin, r#"{"text":"a b"}"#);
+        assert_eq!((tr.spec.language.as_str(), tr.spec.code.as_str()), ("", ""));
+        assert!(tr.spec.args.is_empty());
+        // Control: a script tool on the same backend is a language run.
+        let script = declare(json!({"language": "python", "script": SCRIPT}), &cx).unwrap();
+        script.call(json!({"text": "a b"}), &ctx).await.unwrap();
+        let runs = sandbox.runs.lock().unwrap();
+        assert_eq!(runs[1].image, None);
+        assert_eq!(runs[1].spec.language, Language::Python);
+    }
+
+    #[tokio::test]
+    async fn an_image_tool_is_refused_outside_the_allow_list_and_off_kubernetes() {
+        // Not on the list (the default list is empty): refused, the reason names the list.
+        let (cx, _) = context("kubernetes", &[]);
+        let e = declare(image_impl(IMAGE), &cx).err().unwrap();
+        assert!(
+            e.contains("not allowed") && e.contains("toolImages (none)"),
+            "{e}"
+        );
+        let (cx, _) = context(
+            "kubernetes",
+            &["toolrun/sandbox:0.2.0", "registry.example.com/*"],
+        );
+        let e = declare(image_impl(IMAGE), &cx).err().unwrap();
+        assert!(
+            e.contains("toolrun/sandbox:0.2.0, registry.example.com/*"),
+            "{e}"
+        );
+        // Control: listed exactly.
+        let (cx, _) = context("kubernetes", &[IMAGE]);
+        declare(image_impl(IMAGE), &cx).unwrap();
+        // The local backend has no containers.
+        let (cx, sandbox) = context("local", &[IMAGE]);
+        let e = declare(image_impl(IMAGE), &cx).err().unwrap();
+        assert!(e.contains("kubernetes backend only"), "{e}");
+        // Control: a script tool on it is fine.
+        declare(json!({"language": "python", "script": SCRIPT}), &cx).unwrap();
+        assert!(sandbox.runs.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_image_declaration_is_checked_and_the_reason_names_the_key() {
+        let (cx, _) = context("kubernetes", &["registry.example.com/*"]);
+        let ok = |image: &str, command: Value| json!({"image": image, "command": command});
+        // Control.
+        declare(ok("registry.example.com/wc:1", json!(["/wc"])), &cx).unwrap();
+        for (implementation, why) in [
+            (
+                json!({"image": "registry.example.com/wc:1"}),
+                "implementation.command: missing",
+            ),
+            (json!({"command": ["/wc"]}), "implementation.image: missing"),
+            (
+                json!({"image": "registry.example.com/wc:1", "command": ["/wc"], "language": "python"}),
+                "not both",
+            ),
+            (
+                json!({"image": "registry.example.com/wc:1", "command": ["/wc"], "script": "x"}),
+                "not both",
+            ),
+            (
+                ok("registry.example.com/wc:1", json!([""])),
+                "command[0]: the program is empty",
+            ),
+            (
+                ok("registry.example.com/wc 1", json!(["/wc"])),
+                "not an image reference",
+            ),
+            (ok("", json!(["/wc"])), "not an image reference"),
+            (
+                ok(
+                    &format!("registry.example.com/{}", "w".repeat(500)),
+                    json!(["/wc"]),
+                ),
+                "not an image reference",
+            ),
+            (
+                ok("registry.example.com/wc:1", json!(vec!["a"; 65])),
+                "65 elements, at most 64",
+            ),
+            (
+                ok(
+                    "registry.example.com/wc:1",
+                    json!(["/wc", "x".repeat(4097)]),
+                ),
+                "command[1]: 4097 characters",
+            ),
+            (
+                ok("registry.example.com.evil.example/wc:1", json!(["/wc"])),
+                "not allowed",
+            ),
+        ] {
+            let e = declare(implementation.clone(), &cx)
+                .err()
+                .unwrap_or_else(|| panic!("{implementation} built"));
+            assert!(e.contains(why), "{implementation}: {e}");
+        }
     }
 }

@@ -237,7 +237,7 @@ mod tests {
         };
         let bad = ToolState {
             ready: false,
-            reason: Some("implementation: image and command are not run".into()),
+            reason: Some("implementation.image: \"busybox:1.36\" is not allowed".into()),
             ..ok.clone()
         };
         let c = ready_condition(&ok, Some(1), None, t0.clone()).unwrap();
@@ -254,7 +254,7 @@ mod tests {
             (c3.status.as_str(), c3.reason.as_str()),
             ("False", "Invalid")
         );
-        assert!(c3.message.contains("image and command"));
+        assert!(c3.message.contains("is not allowed"));
         assert_eq!(c3.last_transition_time, t1);
     }
 }

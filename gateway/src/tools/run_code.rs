@@ -109,7 +109,37 @@ impl SandboxPool {
             ));
         }
         let kubernetes = self.sandbox.info().backend == "kubernetes";
-        let mut resolved = resolve_language(&self.config, &code.language, code.code, kubernetes)?;
+        let image = code.image;
+        let mut args = code.args;
+        let mut resolved = match &image {
+            // The runner executes the command itself; the operator puts it in the image.
+            Some(i) => {
+                if !kubernetes {
+                    return Err(ToolError::new(
+                        ErrorCode::Unavailable,
+                        format!(
+                            "container image {:?}: images run on the kubernetes backend only",
+                            i.image
+                        ),
+                    ));
+                }
+                let Some((program, rest)) = i.command.split_first() else {
+                    return Err(ToolError::new(
+                        ErrorCode::ExecutionError,
+                        "the image's command is empty",
+                    ));
+                };
+                args.splice(0..0, rest.iter().cloned());
+                Resolved {
+                    language: Language::Exec,
+                    interpreter: program.clone(),
+                    code: String::new(),
+                    env: BTreeMap::new(),
+                    files: Vec::new(),
+                }
+            }
+            None => resolve_language(&self.config, &code.language, code.code, kubernetes)?,
+        };
         if resolved.language == Language::Python
             && !kubernetes
             && let Some(cache) = self.mpl_font_cache.get()
@@ -127,13 +157,13 @@ impl SandboxPool {
         ]);
         // In a session the program works in its workspace, mounted at /workspace: a host
         // directory locally, the ToolSession's pod on kubernetes.
-        let tool_session = ctx.session.as_ref().and_then(|s| s.tool_session.clone());
-        let workspace = ctx
-            .session
-            .as_ref()
+        // An image run is always a pod of its own: its image is not the session pod's.
+        let session = ctx.session.as_ref().filter(|_| image.is_none());
+        let tool_session = session.and_then(|s| s.tool_session.clone());
+        let workspace = session
             .filter(|s| s.tool_session.is_none())
             .map(|s| s.workspace_dir.clone());
-        let in_session = ctx.session.is_some();
+        let in_session = session.is_some();
         // Artifacts: collected by the runner. On kubernetes the operator asks for them (its
         // `artifacts` configuration) and returns them in the ToolRun's status.
         let a = &self.config.artifacts;
@@ -161,7 +191,7 @@ impl SandboxPool {
         let spec = RunSpec {
             language: resolved.language,
             code: resolved.code,
-            args: code.args,
+            args,
             env,
             stdin: code.stdin,
             interpreter: resolved.interpreter,
@@ -180,13 +210,17 @@ impl SandboxPool {
             .run(
                 SandboxRun {
                     spec,
-                    language: code.language.as_str().to_string(),
+                    language: match image {
+                        Some(_) => String::new(),
+                        None => code.language.as_str().to_string(),
+                    },
                     limits: limits.clone(),
                     tool: code.tool.to_string(),
                     call_id: ctx.call_id.clone(),
                     tenant: ctx.tenant.clone(),
                     workspace,
                     session: tool_session,
+                    image: image.map(|i| i.image),
                 },
                 ctx.stream.clone(),
                 ctx.cancel.clone(),
@@ -238,6 +272,7 @@ impl SandboxPool {
                 timeout: Duration::from_secs(15),
                 tool: "run_code".into(),
                 workdir: None,
+                image: None,
             };
             let limits = self.config.limits.clone();
             let entry = match self.run(run, &limits, &ctx).await {
@@ -281,6 +316,7 @@ impl SandboxPool {
             timeout: Duration::from_secs(30),
             tool: "run_code".into(),
             workdir: None,
+            image: None,
         };
         let Ok(out) = self.run(run, &self.config.limits.clone(), &ctx).await else {
             return false;
@@ -596,6 +632,19 @@ pub struct CodeRun {
     /// Working directory inside the sandbox (default: `/workspace` in a session, else
     /// `/tmp`).
     pub workdir: Option<String>,
+    /// Instead of `language` and `code` (both ignored then): a container image and the
+    /// command run in it, a custom tool's image implementation. Kubernetes backend only;
+    /// always a pod of its own (no session's workspace).
+    pub image: Option<ImageCommand>,
+}
+
+/// A container image and the argv run in it (the program, then its arguments).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageCommand {
+    /// Image reference.
+    pub image: String,
+    /// The program and its arguments; never empty.
+    pub command: Vec<String>,
 }
 
 /// A language run_code accepts: python, javascript, bash, or a name from
@@ -800,6 +849,7 @@ impl TypedTool for RunCode {
             timeout: self.timeout(input.timeout)?,
             tool: "run_code".into(),
             workdir: None,
+            image: None,
         };
         self.pool.run(run, &self.limits, ctx).await
     }
@@ -865,6 +915,7 @@ impl TypedTool for CodeExecutor {
             timeout: self.0.timeout(input.timeout_seconds)?,
             tool: "code_executor".into(),
             workdir: None,
+            image: None,
         };
         self.0.pool.run(run, &self.0.limits, ctx).await
     }

@@ -132,6 +132,7 @@ impl TypedTool for Shell {
             timeout: asked,
             tool: "shell".into(),
             workdir: Some(workdir),
+            image: None,
         };
         self.pool.run(run, &self.limits, ctx).await
     }

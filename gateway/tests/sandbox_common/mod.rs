@@ -46,6 +46,7 @@ pub fn spec(language: Language, code: &str, timeout_ms: u64) -> SandboxRun {
         Language::Python => PYTHON,
         Language::Javascript => NODE,
         Language::Bash => BASH,
+        Language::Exec => "/bin/cat",
     };
     SandboxRun {
         language: language.as_str().into(),
@@ -66,6 +67,7 @@ pub fn spec(language: Language, code: &str, timeout_ms: u64) -> SandboxRun {
         tenant: String::new(),
         workspace: None,
         session: None,
+        image: None,
     }
 }
 

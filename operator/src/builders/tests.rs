@@ -15,6 +15,8 @@ fn run() -> ToolRun {
             call_id: "call 1/x".into(),
             language: "python".into(),
             code: CODE.into(),
+            image: None,
+            command: Vec::new(),
             args: vec!["; echo ARG-MARKER".into(), "$HOME".into()],
             env: vec![
                 EnvVar {

@@ -72,6 +72,7 @@ baseEnv: {PATH: /bin}
 tmpSizeMiB: 32
 ephemeralStorageMiB: 128
 userNamespaces: true
+toolImages: [toolrun/sandbox:0.1.0, registry.example.com/tools/*]
 controller:
   concurrency: 4
   apiQps: 5
@@ -114,6 +115,14 @@ controller:
     assert_eq!(o.tmp_size_mib, 32);
     assert_eq!(o.ephemeral_storage_mib, 128);
     assert!(o.user_namespaces);
+    assert_eq!(
+        o.tool_images,
+        ["toolrun/sandbox:0.1.0", "registry.example.com/tools/*"]
+    );
+    assert!(
+        OperatorConfig::default().tool_images.is_empty(),
+        "no image runs unless configured"
+    );
     let ctl = &c.controller;
     assert_eq!(ctl.concurrency, 4);
     assert_eq!((ctl.api_qps, ctl.api_burst), (5, 10));
@@ -221,6 +230,12 @@ fn bad_values_are_refused_with_their_key() {
         ),
         ("warmPool: {ruby: 1}\n", "warmPool.ruby"),
         ("warmPool: {python: 65}\n", "warmPool.python"),
+        ("toolImages: ['*']\n", "toolImages[0]"),
+        (
+            "toolImages: [python:3, 'registry.example.com*']\n",
+            "toolImages[1]",
+        ),
+        ("toolImages: ['']\n", "toolImages[0]"),
         ("sessionWarmPool: 65\n", "sessionWarmPool"),
         ("sessionWorkspaceMiB: 8\n", "sessionWorkspaceMiB"),
         ("tmpSizeMiB: 0\n", "tmpSizeMiB"),

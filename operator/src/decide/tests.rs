@@ -23,6 +23,8 @@ fn run() -> ToolRun {
             call_id: "call-1".into(),
             language: "python".into(),
             code: "print(1)".into(),
+            image: None,
+            command: Vec::new(),
             args: vec![],
             env: vec![],
             stdin: String::new(),

@@ -43,6 +43,7 @@ pub fn spec(language: Language, code: &str, workdir: &Path) -> RunSpec {
             Language::Python => "/usr/bin/python3",
             Language::Javascript => "/usr/bin/node",
             Language::Bash => "/bin/bash",
+            Language::Exec => "/bin/cat",
         }
         .into(),
         workdir: workdir.display().to_string(),

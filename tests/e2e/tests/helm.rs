@@ -642,6 +642,7 @@ tmpSizeMiB: 64
 ephemeralStorageMiB: 64
 userNamespaces: false
 warmPool: {python: 2}
+toolImages: []
 sessionWarmPool: 1
 sessionWorkspaceMiB: 1024
 controller:
@@ -1230,6 +1231,28 @@ async fn bad_values_are_rejected_with_the_key_named() {
         (
             vec![("sandbox.ttlSecondsAfterFinished", json!(604_801))],
             "/sandbox/ttlSecondsAfterFinished",
+        ),
+        // A bare `*` (every image) or a prefix that is not anchored at `/`, `:` or `@`.
+        (
+            vec![("sandbox.toolImages", json!(["*"]))],
+            "/sandbox/toolImages/0",
+        ),
+        (
+            vec![(
+                "sandbox.toolImages",
+                json!(["a:1", "registry.example.com*"]),
+            )],
+            "/sandbox/toolImages/1",
+        ),
+        (
+            vec![
+                ("sandbox.toolImages", json!(["a:1"])),
+                (
+                    "gateway.config.sandbox.kubernetes.toolImages",
+                    json!(["b:1"]),
+                ),
+            ],
+            "set sandbox.toolImages instead",
         ),
         (
             vec![("operator.controller.apiQps", json!(2.5))],
@@ -1877,6 +1900,64 @@ fn operator_yaml(objs: &[Value]) -> String {
         .as_str()
         .expect("operator.yaml in the ConfigMap")
         .to_string()
+}
+
+/// The gateway's rendered config file (`toolrun.yaml`), parsed.
+fn gateway_config(objs: &[Value]) -> Value {
+    let cm = find(objs, "ConfigMap", Some(NS), "toolrun-gateway");
+    helm::parse_manifests(cm["data"]["toolrun.yaml"].as_str().unwrap())
+        .unwrap()
+        .remove(0)
+}
+
+#[tokio::test]
+async fn tool_images_reach_the_gateway_and_the_operator_alike() {
+    use toolrun_operator::Config;
+    let Some(helm) = helm_or_skip("tool_images_reach_the_gateway_and_the_operator_alike") else {
+        return;
+    };
+    // Default: none, on both sides (the gateway's file does not even name the key).
+    let objs = render(&helm, &[]).await.unwrap();
+    let op = Config::from_yaml(&operator_yaml(&objs)).unwrap();
+    assert!(op.operator.tool_images.is_empty());
+    let has_cm = objs
+        .iter()
+        .any(|o| o["kind"] == "ConfigMap" && o["metadata"]["name"] == "toolrun-gateway");
+    if has_cm {
+        let gw = gateway_config(&objs);
+        assert!(gw["sandbox"]["kubernetes"]["toolImages"].is_null(), "{gw}");
+    }
+    // Listed: the same list in both configurations, which the operator's parser accepts.
+    let list = json!(["toolrun/sandbox:0.1.0", "registry.example.com/tools/*"]);
+    let objs = render(&helm, &[("sandbox.toolImages", list.clone())])
+        .await
+        .unwrap();
+    let op = Config::from_yaml(&operator_yaml(&objs)).unwrap();
+    assert_eq!(
+        op.operator.tool_images,
+        ["toolrun/sandbox:0.1.0", "registry.example.com/tools/*"]
+    );
+    let gw = gateway_config(&objs);
+    assert_eq!(gw["sandbox"]["kubernetes"]["toolImages"], list, "{gw}");
+    // Beside other gateway settings of the same section, which are kept.
+    let objs = render(
+        &helm,
+        &[
+            ("sandbox.toolImages", list.clone()),
+            (
+                "gateway.config.sandbox.kubernetes.startTimeoutSeconds",
+                json!(90),
+            ),
+        ],
+    )
+    .await
+    .unwrap();
+    let gw = gateway_config(&objs);
+    assert_eq!(gw["sandbox"]["kubernetes"]["toolImages"], list, "{gw}");
+    assert_eq!(
+        gw["sandbox"]["kubernetes"]["startTimeoutSeconds"], 90,
+        "{gw}"
+    );
 }
 
 #[tokio::test]

@@ -115,6 +115,12 @@ async fn install(client: &Client) -> Result<Deployed> {
             // this release runs without authentication (`--insecure-no-auth`); helm.rs's
             // install test checks the default (authentication on, the chart's first key).
             .args(["--set", "gateway.auth.enabled=false"])
+            // The sandbox image may run as a custom tool's image (image_tools_* below); no
+            // other image may.
+            .args([
+                "--set",
+                &format!("sandbox.toolImages[0]={}", sandbox_image()),
+            ])
             .args(["--wait", "--timeout", "4m"]),
     );
     if let Err(e) = res {
@@ -2286,13 +2292,13 @@ async fn custom_tools_declared_as_tool_resources_are_served_and_show_their_statu
     .await;
     assert_eq!(r.output_json, r#"{"words":102}"#, "{r:?}");
 
-    // Invalid (an image the gateway does not run yet): refused with the reason in its
+    // Invalid (an image sandbox.toolImages does not allow): refused with the reason in its
     // status and in `kubectl get tools -o wide`; the tool is no longer served.
     let image = "    image: busybox:1.36\n    command: [\"/bin/cat\"]\n";
     kubectl_apply(&name, &tool_manifest(&name, image));
     let cond = wait_ready(&tools, &name, "False").await;
     assert_eq!(cond.reason, "Invalid");
-    assert!(cond.message.contains("image and command"), "{cond:?}");
+    assert!(cond.message.contains("is not allowed"), "{cond:?}");
     let wide = run_cmd(Command::new("kubectl").args(["get", "tl", "-n", SANDBOX_NS, "-o", "wide"]))
         .unwrap();
     assert!(
@@ -2329,6 +2335,161 @@ async fn custom_tools_declared_as_tool_resources_are_served_and_show_their_statu
     })
     .await;
     assert!(!r.ok, "{r:?}");
+}
+
+/// Custom tools as an image and a command (README "Custom tools"): the chart's
+/// `sandbox.toolImages` allows the sandbox image (see `install`). Such a Tool is served, its
+/// command runs in a pod of its own whose run container is the image, with the validated
+/// arguments on stdin; a Tool naming another image is refused in its status, and a ToolRun
+/// naming one (past the gateway) is refused by the operator without a pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_tools_run_their_command_in_their_image_and_only_allowed_images() {
+    let Some(d) = deployed("image-tools") else {
+        return;
+    };
+    let kube = Client::try_default().await.unwrap();
+    // `helm upgrade` of an older release does not install new CRDs: make sure both are
+    // current (the ToolRun's image and command fields).
+    for crd in ["toolrun.dev_tools.yaml", "toolrun.dev_toolruns.yaml"] {
+        run_cmd(
+            Command::new("kubectl")
+                .args(["apply", "--server-side", "--force-conflicts", "-f"])
+                .arg(repo().join("deploy/crds").join(crd)),
+        )
+        .unwrap();
+    }
+    let tools: Api<toolrun_crd::Tool> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let image = sandbox_image();
+    let script = "import json, sys; a = json.load(sys.stdin); \
+                  print(json.dumps({'words': len(a['text'].split())}))";
+    let implementation =
+        format!("    image: {image}\n    command: [\"python3\", \"-c\", \"{script}\"]\n");
+
+    // Allowed: Ready, listed, and a call runs the command in the image.
+    let name = unique("img-wc");
+    let tool = name.replace('-', "_");
+    kubectl_apply(&name, &tool_manifest(&name, &implementation));
+    let ready = wait_ready(&tools, &name, "True").await;
+    assert_eq!(ready.reason, "Loaded", "{ready:?}");
+    let r = call_until(&d, &tool, json!({"text": "a b c"}), |r| r.ok).await;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.output_json, r#"{"words":3}"#);
+    // The output schema holds for image tools as for scripts: arguments the schema
+    // refuses never reach a pod.
+    let r = call_until(&d, &tool, json!({"text": 1}), |_| true).await;
+    assert_eq!(
+        r.error.as_ref().map(|e| e.code),
+        Some(pb::ErrorCode::InvalidArguments as i32),
+        "{r:?}"
+    );
+    // The ToolRun: image and command, the arguments as stdin, no language; OK.
+    let recorded = runs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|tr| tr.spec.tool == tool && tr.status.as_ref().is_some_and(|s| s.verdict.is_some()))
+        .unwrap_or_else(|| panic!("no finished ToolRun with spec.tool {tool}"));
+    assert_eq!(recorded.spec.image.as_deref(), Some(image.as_str()));
+    assert_eq!(recorded.spec.command, ["python3", "-c", script]);
+    assert_eq!(recorded.spec.stdin, r#"{"text":"a b c"}"#);
+    assert_eq!(recorded.spec.language, "");
+    let status = recorded.status.clone().unwrap();
+    assert_eq!(status.verdict, Some(toolrun_crd::Verdict::Ok), "{status:?}");
+    // Its pod (while kept): the tool's image in the run container, the runner copied in by
+    // the init container, the lockdown of every sandbox pod.
+    if let Some(pod_name) = &status.pod_name
+        && let Some(pod) = pods.get_opt(pod_name).await.unwrap()
+    {
+        let spec = pod.spec.unwrap();
+        assert_eq!(spec.containers[0].image.as_deref(), Some(image.as_str()));
+        assert_eq!(spec.init_containers.map(|c| c.len()), Some(1));
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        let sc = spec.containers[0].security_context.clone().unwrap();
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.run_as_non_root, Some(true));
+    }
+
+    // Not allowed: refused in the Tool's status, not served (the allowed one still is).
+    let other = unique("img-busybox");
+    let other_tool = other.replace('-', "_");
+    kubectl_apply(
+        &other,
+        &tool_manifest(
+            &other,
+            "    image: busybox:1.36\n    command: [\"/bin/cat\"]\n",
+        ),
+    );
+    let cond = wait_ready(&tools, &other, "False").await;
+    assert_eq!(cond.reason, "Invalid");
+    assert!(
+        cond.message.contains("busybox:1.36") && cond.message.contains("is not allowed"),
+        "{cond:?}"
+    );
+    assert!(
+        cond.message.contains(&image),
+        "names the allowed list: {cond:?}"
+    );
+    let r = call_until(&d, &other_tool, json!({"text": "a"}), |r| !r.ok).await;
+    assert_eq!(
+        r.error.as_ref().map(|e| e.code),
+        Some(pb::ErrorCode::UnknownTool as i32),
+        "{r:?}"
+    );
+    let r = call_until(&d, &tool, json!({"text": "x y"}), |r| r.ok).await;
+    assert_eq!(r.output_json, r#"{"words":2}"#, "control: {r:?}");
+
+    // Past the gateway: the operator refuses a ToolRun naming an image outside its list
+    // (INFRA_ERROR, the reason, no pod); the control, the allowed image, runs.
+    let refused = unique("img-refused");
+    let allowed = unique("img-allowed");
+    for (name, img) in [(&refused, "busybox:1.36"), (&allowed, image.as_str())] {
+        let tr: ToolRun = serde_json::from_value(json!({
+            "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
+            "metadata": {"name": name, "namespace": SANDBOX_NS},
+            "spec": {"image": img, "command": ["python3", "-c", "print(6 * 7)"]}
+        }))
+        .unwrap();
+        runs.create(&PostParams::default(), &tr).await.unwrap();
+    }
+    wait_finished(&runs, &refused, Duration::from_secs(60)).await;
+    let s = runs.get(&refused).await.unwrap().status.unwrap();
+    assert_eq!(s.verdict, Some(toolrun_crd::Verdict::InfraError), "{s:?}");
+    let reason = s.reason.unwrap_or_default();
+    assert!(
+        reason.contains("busybox:1.36") && reason.contains("toolImages"),
+        "{reason}"
+    );
+    assert!(pods.get_opt(&refused).await.unwrap().is_none());
+    wait_finished(&runs, &allowed, Duration::from_secs(120)).await;
+    let s = runs.get(&allowed).await.unwrap().status.unwrap();
+    assert_eq!(s.verdict, Some(toolrun_crd::Verdict::Ok), "{s:?}");
+    assert_eq!(s.stdout.as_deref(), Some("42\n"));
+    // The API server refuses an image run in a session (CEL).
+    let in_session: ToolRun = serde_json::from_value(json!({
+        "apiVersion": "toolrun.dev/v1alpha1", "kind": "ToolRun",
+        "metadata": {"name": unique("img-session"), "namespace": SANDBOX_NS},
+        "spec": {"image": image, "command": ["true"], "session": "ts-none"}
+    }))
+    .unwrap();
+    let err = runs
+        .create(&PostParams::default(), &in_session)
+        .await
+        .unwrap_err();
+    assert!(
+        format!("{err}").contains("cannot run in a session"),
+        "{err}"
+    );
+
+    for n in [&name, &other] {
+        tools.delete(n, &DeleteParams::default()).await.unwrap();
+    }
+    for n in [&refused, &allowed] {
+        let _ = runs.delete(n, &DeleteParams::default()).await;
+    }
 }
 
 /// One call in session `sid`: its result and output.

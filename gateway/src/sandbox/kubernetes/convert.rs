@@ -26,6 +26,10 @@ pub const MAX_ARGS: usize = 64;
 pub const MAX_ENV: usize = 64;
 /// Longest arg or env value the CRD accepts, in characters.
 pub const MAX_VALUE_CHARS: usize = 1024;
+/// Most `spec.command` elements of an image run the CRD accepts.
+pub const MAX_COMMAND: usize = 64;
+/// Longest `spec.command` element the CRD accepts, in characters.
+pub const MAX_COMMAND_CHARS: usize = 4096;
 
 /// The environment the gateway gives every run (see run_code); the operator adds the same
 /// base environment itself, so these are not repeated in the spec (the CRD allows only
@@ -50,6 +54,12 @@ pub fn tool_run(
     cfg: &KubernetesConfig,
 ) -> Result<ToolRun, Unrepresentable> {
     let spec = &run.spec;
+    // An image run: the command is the runner's interpreter and args (Language::Exec), in
+    // the ToolRun's own `command` field and bounds.
+    let command = match &run.image {
+        Some(_) => image_command(run)?,
+        None => Vec::new(),
+    };
     let code_chars = spec.code.chars().count();
     if code_chars > MAX_CODE_CHARS as usize {
         return Err(Unrepresentable(format!(
@@ -62,14 +72,18 @@ pub fn tool_run(
             "stdin has {stdin_chars} characters, at most {MAX_STDIN_CHARS}"
         )));
     }
-    if spec.args.len() > MAX_ARGS {
+    let args = if run.image.is_some() {
+        Vec::new()
+    } else {
+        spec.args.clone()
+    };
+    if args.len() > MAX_ARGS {
         return Err(Unrepresentable(format!(
             "{} arguments, at most {MAX_ARGS}",
-            spec.args.len()
+            args.len()
         )));
     }
-    if let Some((i, a)) = spec
-        .args
+    if let Some((i, a)) = args
         .iter()
         .enumerate()
         .find(|(_, a)| a.chars().count() > MAX_VALUE_CHARS)
@@ -105,8 +119,11 @@ pub fn tool_run(
         )));
     }
     // The CRD requires non-empty code; a lone newline is an empty program in all three
-    // languages (exit 0, no output), as an empty string is on the local backend.
-    let mut code = if spec.code.is_empty() {
+    // languages (exit 0, no output), as an empty string is on the local backend. An image
+    // run has none.
+    let mut code = if run.image.is_some() {
+        String::new()
+    } else if spec.code.is_empty() {
         "\n".to_string()
     } else {
         spec.code.clone()
@@ -163,9 +180,15 @@ pub fn tool_run(
         spec: ToolRunSpec {
             tool,
             call_id,
-            language: run.language.clone(),
+            language: if run.image.is_some() {
+                String::new()
+            } else {
+                run.language.clone()
+            },
             code,
-            args: spec.args.clone(),
+            image: run.image.clone(),
+            command,
+            args,
             env,
             stdin: spec.stdin.clone(),
             limits,
@@ -176,6 +199,41 @@ pub fn tool_run(
         },
         status: None,
     })
+}
+
+/// The ToolRun's `command` of an image run: the program (the runner spec's interpreter)
+/// and its arguments, within the CRD's bounds; an image run never joins a session.
+fn image_command(run: &SandboxRun) -> Result<Vec<String>, Unrepresentable> {
+    if run.session.is_some() {
+        return Err(Unrepresentable(
+            "an image run cannot run in a session's pod".into(),
+        ));
+    }
+    if run.spec.language != toolrun_runner::Language::Exec || run.spec.interpreter.is_empty() {
+        return Err(Unrepresentable(
+            "an image run executes its command (language exec, a program)".into(),
+        ));
+    }
+    let command: Vec<String> = std::iter::once(run.spec.interpreter.clone())
+        .chain(run.spec.args.iter().cloned())
+        .collect();
+    if command.len() > MAX_COMMAND {
+        return Err(Unrepresentable(format!(
+            "the command has {} elements, at most {MAX_COMMAND}",
+            command.len()
+        )));
+    }
+    if let Some((i, c)) = command
+        .iter()
+        .enumerate()
+        .find(|(_, c)| c.is_empty() || c.chars().count() > MAX_COMMAND_CHARS)
+    {
+        return Err(Unrepresentable(format!(
+            "command element {i} has {} characters, 1..={MAX_COMMAND_CHARS}",
+            c.chars().count()
+        )));
+    }
+    Ok(command)
 }
 
 /// Whole seconds covering `timeout_ms` (at least 1, at most the CRD's maximum).
@@ -309,6 +367,7 @@ mod tests {
             tenant: "team-a".into(),
             workspace: None,
             session: None,
+            image: None,
         }
     }
 
@@ -350,6 +409,58 @@ mod tests {
                 .ends_with("/workspace/it's here"),
             "{out:?}"
         );
+    }
+
+    /// A custom tool's image run, as the sandbox pool makes it.
+    fn image_run() -> SandboxRun {
+        let mut r = run("");
+        r.language = String::new();
+        r.image = Some("registry.example.com/tools/wc:1".into());
+        r.spec.language = Language::Exec;
+        r.spec.interpreter = "python3".into();
+        r.spec.args = vec!["-c".into(), "x".repeat(2_000)];
+        r.spec.stdin = r#"{"text":"a b"}"#.into();
+        r.tool = "word_count".into();
+        r
+    }
+
+    #[test]
+    fn an_image_run_becomes_image_and_command_with_the_arguments_on_stdin() {
+        let cfg = KubernetesConfig::default();
+        let tr = tool_run("run-img", &image_run(), &cfg).unwrap();
+        let s = &tr.spec;
+        assert_eq!(s.image.as_deref(), Some("registry.example.com/tools/wc:1"));
+        assert_eq!(
+            s.command,
+            ["python3".to_string(), "-c".into(), "x".repeat(2_000)]
+        );
+        assert_eq!((s.language.as_str(), s.code.as_str()), ("", ""));
+        assert!(s.args.is_empty());
+        assert_eq!(s.stdin, r#"{"text":"a b"}"#);
+        assert_eq!(s.tool, "word_count");
+        assert_eq!(s.session, None);
+        // Control: the same run without an image is a language run.
+        let mut plain = run("echo hi");
+        plain.spec.args = vec!["a".into()];
+        let tr = tool_run("run-plain", &plain, &cfg).unwrap();
+        assert_eq!((tr.spec.image, tr.spec.command.len()), (None, 0));
+        assert_eq!(tr.spec.language, "bash");
+        // What the ToolRun cannot hold, or an image run in a session, is refused.
+        let mut long = image_run();
+        long.spec.args = vec!["y".repeat(MAX_COMMAND_CHARS + 1)];
+        let e = tool_run("r", &long, &cfg).unwrap_err();
+        assert!(e.0.contains("command element 1"), "{e}");
+        let mut many = image_run();
+        many.spec.args = vec!["a".into(); MAX_COMMAND];
+        let e = tool_run("r", &many, &cfg).unwrap_err();
+        assert!(e.0.contains("at most 64"), "{e}");
+        let mut in_session = image_run();
+        in_session.session = Some("ts-1".into());
+        let e = tool_run("r", &in_session, &cfg).unwrap_err();
+        assert!(e.0.contains("session"), "{e}");
+        let mut not_exec = image_run();
+        not_exec.spec.language = Language::Python;
+        assert!(tool_run("r", &not_exec, &cfg).is_err());
     }
 
     #[test]

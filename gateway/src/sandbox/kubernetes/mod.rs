@@ -229,6 +229,7 @@ fn probe_run() -> SandboxRun {
         tenant: String::new(),
         workspace: None,
         session: None,
+        image: None,
     }
 }
 

@@ -160,6 +160,8 @@ mod tests {
                 call_id: "c".into(),
                 language: "python".into(),
                 code: "pass".into(),
+                image: None,
+                command: Vec::new(),
                 args: Vec::new(),
                 env: Vec::new(),
                 stdin: String::new(),

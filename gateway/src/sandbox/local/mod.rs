@@ -465,6 +465,12 @@ impl Sandbox for LocalSandbox {
         stream: Option<mpsc::Sender<StreamChunk>>,
         cancel: CancellationToken,
     ) -> Result<RunRecord, SandboxError> {
+        if let Some(image) = &run.image {
+            return Err(SandboxError::Rejected(format!(
+                "container image {image:?}: images run on the kubernetes backend only, this \
+                 gateway runs the local sandbox"
+            )));
+        }
         let SandboxRun {
             spec,
             limits,

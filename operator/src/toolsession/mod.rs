@@ -156,7 +156,8 @@ pub fn decide(
     let Some(p) = pod else {
         if status.phase == Some(SessionPhase::Ready) && !persistent {
             return failed(format!(
-                "session pod {name} disappeared; its workspace (an emptyDir) went with it"
+                "session pod {} disappeared; its workspace (an emptyDir) went with it",
+                pod_name(ts)
             ));
         }
         if status.pod_name.is_none()
@@ -204,7 +205,8 @@ pub fn decide(
             .and_then(|s| s.reason.clone().or(s.message.clone()))
             .unwrap_or_else(|| "stopped".into());
         return failed(format!(
-            "session pod {name} ended ({reason}); its workspace (an emptyDir) went with it"
+            "session pod {} ended ({reason}); its workspace (an emptyDir) went with it",
+            p.name_any()
         ));
     }
     if agent_running(p) {

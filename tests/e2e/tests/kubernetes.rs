@@ -3176,7 +3176,7 @@ async fn killing_the_operator_during_session_calls_loses_nothing_and_runs_once()
                 &mut c,
                 &sid,
                 "run_code",
-                json!({"language": "python", "code": code, "timeout": 60000}),
+                json!({"language": "python", "code": code, "timeout": 30}),
             )
             .await
         })

@@ -3222,7 +3222,7 @@ async fn killing_the_operator_during_session_calls_loses_nothing_and_runs_once()
     let t = Instant::now();
     let during = tokio::time::timeout(
         Duration::from_secs(150),
-        session_call(&mut c, &sid, "list_files", json!({"path": "."})),
+        session_call(&mut c, &sid, "list_directory", json!({"path": "."})),
     )
     .await
     .expect("a file call during the outage answers")

@@ -3072,29 +3072,37 @@ async fn a_session_pod_that_dies_is_reported_or_remade_with_its_workspace() {
     let ready_pod_uid = |after: Option<String>| {
         let (sessions, pods, name) = (sessions.clone(), pods.clone(), name.clone());
         async move {
+            // The session Ready on a running pod other than `after` (a stale Ready status
+            // may still name the pod being replaced: the pod's own state decides).
+            let found = std::sync::Arc::new(std::sync::Mutex::new(None));
             wait_until(Duration::from_secs(180), "the PVC session Ready", || {
-                let (sessions, pods, name, after) =
-                    (sessions.clone(), pods.clone(), name.clone(), after.clone());
+                let (sessions, pods, name, after, found) = (
+                    sessions.clone(),
+                    pods.clone(),
+                    name.clone(),
+                    after.clone(),
+                    found.clone(),
+                );
                 async move {
                     let Some(pod) = sessions.get(&name).await?.ready_pod().map(str::to_string)
                     else {
                         return Ok(false);
                     };
-                    let now = pods.get_opt(&pod).await?.and_then(|p| p.metadata.uid);
-                    Ok(now.is_some() && now != after)
+                    let Some(p) = pods.get_opt(&pod).await? else {
+                        return Ok(false);
+                    };
+                    let uid = p.metadata.uid.clone();
+                    let running = phase(&p) == "Running" && p.metadata.deletion_timestamp.is_none();
+                    if running && uid.is_some() && uid != after {
+                        *found.lock().unwrap() = Some((pod, uid.unwrap()));
+                        return Ok(true);
+                    }
+                    Ok(false)
                 }
             })
             .await
             .unwrap();
-            let pod = sessions
-                .get(&name)
-                .await
-                .unwrap()
-                .ready_pod()
-                .unwrap()
-                .to_string();
-            let uid = pods.get(&pod).await.unwrap().metadata.uid;
-            (pod, uid.unwrap())
+            found.lock().unwrap().take().unwrap()
         }
     };
     let (pod, first_uid) = ready_pod_uid(None).await;

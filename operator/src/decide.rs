@@ -218,7 +218,14 @@ pub fn warm_language<'r>(run: &'r ToolRun, config: &OperatorConfig) -> Option<&'
     let language = run.spec.language.as_str();
     // An image run needs its own image: never a warm pod's.
     let image_run = run.spec.image.is_some();
-    if config.warm_pool.get(language).copied().unwrap_or(0) == 0 || run.spec.cancel || image_run {
+    // A session's run goes to the session's pod: offering it a one-shot pod would only
+    // hold that pod back from other runs (and delay this one).
+    let in_session = run.spec.session.is_some();
+    if config.warm_pool.get(language).copied().unwrap_or(0) == 0
+        || run.spec.cancel
+        || image_run
+        || in_session
+    {
         return None;
     }
     let limits = builders::resolve_limits(&run.spec.limits, config).ok()?;

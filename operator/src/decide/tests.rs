@@ -685,6 +685,10 @@ fn only_runs_with_the_default_pod_may_use_a_warm_pod() {
     let mut rc = run();
     rc.spec.runtime_class_name = Some("gvisor".into());
     assert_eq!(warm_language(&rc, &config), None);
+    // A session's run: its session's pod, never a one-shot warm pod.
+    let mut in_session = run();
+    in_session.spec.session = Some("ts-a".into());
+    assert_eq!(warm_language(&in_session, &config), None);
     // The timeout and output bounds travel in the request: still warm.
     let mut t = run();
     t.spec.limits.timeout_seconds = Some(5);

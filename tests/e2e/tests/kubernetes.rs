@@ -50,11 +50,14 @@ struct Deployed {
 
 static DEPLOYED: OnceLock<Option<Result<Deployed, String>>> = OnceLock::new();
 
-/// Written (held alone) by the tests that kill operator pods, by tests that need an
-/// operator pod to stay where it is (the network test connects to one's IP) and by the
-/// tests that count warm pods (which other tests' runs and sessions would take); read (held
-/// together) by the other session tests, which need the operator's relay and ToolSession
-/// controller up but not each other's absence.
+/// Held alone by the tests that kill operator pods, by tests that need an operator pod to
+/// stay where it is (the network test connects to one's IP), by the tests that count warm
+/// pods (which other tests' runs and sessions would take) and by every session test: each
+/// session holds a pod's CPU request (a quarter core by default) for its whole life, and on
+/// the 2-core test node, beside the warm pools and the other tests' pods, two session tests
+/// at once can leave a new session's pod unschedulable (CreateSession then fails with
+/// `unschedulable: Insufficient cpu`). (The read side is kept for tests that only need the
+/// operator up.)
 static OPERATOR_PODS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
 
 fn repo() -> PathBuf {
@@ -2532,7 +2535,7 @@ async fn sessions_on_kubernetes_file_tools_runs_and_close() {
     let Some(d) = deployed("sessions_on_kubernetes_file_tools_runs_and_close") else {
         return;
     };
-    let _operator_pods = OPERATOR_PODS.read().await;
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.expect("kube client");
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let mut c = client(&d).await;
@@ -2932,7 +2935,7 @@ async fn a_session_pod_that_dies_is_reported_or_remade_with_its_workspace() {
     else {
         return;
     };
-    let _operator_pods = OPERATOR_PODS.read().await;
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.expect("kube client");
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
@@ -3283,7 +3286,7 @@ async fn idle_sessions_expire_and_leave_no_pod_behind() {
     let Some(d) = deployed("idle_sessions_expire_and_leave_no_pod_behind") else {
         return;
     };
-    let _operator_pods = OPERATOR_PODS.read().await;
+    let _operator_pods = OPERATOR_PODS.write().await;
     let kube = Client::try_default().await.unwrap();
     let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
@@ -3383,8 +3386,9 @@ mod sessions_contract {
                 let Some(d) = deployed(concat!("sessions_contract::", stringify!($case))) else {
                     return;
                 };
-                // Not while operator pods are killed: sessions need its relay.
-                let _operator_pods = OPERATOR_PODS.read().await;
+                // Not while operator pods are killed (sessions need its relay), nor beside
+                // another session test (see OPERATOR_PODS).
+                let _operator_pods = OPERATOR_PODS.write().await;
                 let mut c = client(&d).await;
                 tokio::time::timeout(CASE_BOUND, session_contract::$case(&mut c, &OverGrpc))
                     .await

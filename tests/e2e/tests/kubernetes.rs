@@ -915,29 +915,7 @@ async fn kill_the_operator_mid_run(prefix: &str, language: &str, code: &str, war
         .await
         .unwrap();
     }
-    // Kill every operator pod, now, without grace.
-    let ops = ListParams::default().labels("app.kubernetes.io/component=operator");
-    let killed: Vec<String> = system_pods
-        .list(&ops)
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|p| p.metadata.name.clone().unwrap())
-        .collect();
-    assert!(!killed.is_empty(), "no operator pod found");
-    for p in &killed {
-        system_pods
-            .delete(
-                p,
-                &DeleteParams {
-                    grace_period_seconds: Some(0),
-                    ..Default::default()
-                },
-            )
-            .await
-            .unwrap();
-    }
+    let (ops, killed) = kill_operator_pods(&system_pods).await;
     // The replacement records the result ...
     wait_finished(&runs, &name, Duration::from_secs(120)).await;
     let st = runs.get(&name).await.unwrap().status.unwrap();
@@ -979,6 +957,29 @@ async fn kill_the_operator_mid_run(prefix: &str, language: &str, code: &str, war
             .all(|p| !killed.contains(p.metadata.name.as_ref().unwrap())),
         "a killed operator pod is still listed"
     );
+}
+
+/// Kills every operator pod, now, without grace: the selector of operator pods and the
+/// names killed.
+async fn kill_operator_pods(system_pods: &Api<Pod>) -> (ListParams, Vec<String>) {
+    let ops = ListParams::default().labels("app.kubernetes.io/component=operator");
+    let killed: Vec<String> = system_pods
+        .list(&ops)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert!(!killed.is_empty(), "no operator pod found");
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    for p in &killed {
+        system_pods.delete(p, &now).await.unwrap();
+    }
+    (ops, killed)
 }
 
 // ------------------------------------------------------------------- warm pods
@@ -2708,6 +2709,26 @@ async fn sessions_on_kubernetes_file_tools_runs_and_close() {
     );
 }
 
+/// A ToolSession made by hand in the sandbox namespace (no gateway, no tenant).
+fn tool_session(name: &str, size_mib: u32, class: Option<String>) -> toolrun_crd::ToolSession {
+    let mut ts = toolrun_crd::ToolSession::new(
+        name,
+        toolrun_crd::ToolSessionSpec {
+            session_id: name.to_string(),
+            approval_mode: Default::default(),
+            idle_timeout_seconds: Some(600),
+            workspace: toolrun_crd::session::SessionWorkspace {
+                size_mib: Some(size_mib),
+                storage_class_name: class,
+            },
+            limits: Default::default(),
+            runtime_class_name: None,
+        },
+    );
+    ts.metadata.namespace = Some(SANDBOX_NS.into());
+    ts
+}
+
 /// The value of `toolrun.dev/warm-pool` on warm session pods.
 const SESSION_POOL: &str = "toolrun.session";
 
@@ -2850,21 +2871,7 @@ async fn sessions_start_from_warm_pods_and_the_pool_refills() {
     // Control: a ToolSession with a workspace size of its own starts a pod of its own,
     // named after it, while a warm pod is ready.
     let name = unique("ctl-size");
-    let mut own = toolrun_crd::ToolSession::new(
-        &name,
-        toolrun_crd::ToolSessionSpec {
-            session_id: name.clone(),
-            approval_mode: Default::default(),
-            idle_timeout_seconds: Some(600),
-            workspace: toolrun_crd::session::SessionWorkspace {
-                size_mib: Some(128),
-                storage_class_name: None,
-            },
-            limits: Default::default(),
-            runtime_class_name: None,
-        },
-    );
-    own.metadata.namespace = Some(SANDBOX_NS.into());
+    let own = tool_session(&name, 128, None);
     sessions.create(&PostParams::default(), &own).await.unwrap();
     wait_until(
         Duration::from_secs(180),
@@ -3053,21 +3060,7 @@ async fn a_session_pod_that_dies_is_reported_or_remade_with_its_workspace() {
     .await
     .unwrap();
     let name = unique("pvc-session");
-    let mut object = toolrun_crd::ToolSession::new(
-        &name,
-        toolrun_crd::ToolSessionSpec {
-            session_id: name.clone(),
-            approval_mode: Default::default(),
-            idle_timeout_seconds: Some(600),
-            workspace: toolrun_crd::session::SessionWorkspace {
-                size_mib: Some(64),
-                storage_class_name: Some(class.clone()),
-            },
-            limits: Default::default(),
-            runtime_class_name: None,
-        },
-    );
-    object.metadata.namespace = Some(SANDBOX_NS.into());
+    let object = tool_session(&name, 64, Some(class.clone()));
     sessions
         .create(&PostParams::default(), &object)
         .await
@@ -3096,8 +3089,8 @@ async fn a_session_pod_that_dies_is_reported_or_remade_with_its_workspace() {
                     };
                     let uid = p.metadata.uid.clone();
                     let running = phase(&p) == "Running" && p.metadata.deletion_timestamp.is_none();
-                    if running && uid.is_some() && uid != after {
-                        *found.lock().unwrap() = Some((pod, uid.unwrap()));
+                    if let Some(uid) = uid.filter(|u| running && Some(u) != after.as_ref()) {
+                        *found.lock().unwrap() = Some((pod, uid));
                         return Ok(true);
                     }
                     Ok(false)
@@ -3212,23 +3205,7 @@ async fn killing_the_operator_during_session_calls_loses_nothing_and_runs_once()
         };
         panic!("{e:#}; the call: {ended}");
     }
-    let ops = ListParams::default().labels("app.kubernetes.io/component=operator");
-    let killed: Vec<String> = system_pods
-        .list(&ops)
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|p| p.name_any())
-        .collect();
-    assert!(!killed.is_empty(), "no operator pod found");
-    let now = DeleteParams {
-        grace_period_seconds: Some(0),
-        ..Default::default()
-    };
-    for p in &killed {
-        system_pods.delete(p, &now).await.unwrap();
-    }
+    let (ops, killed) = kill_operator_pods(&system_pods).await;
     // A file call while no operator serves the relay: an answer, typed, not a hang.
     let t = Instant::now();
     let during = tokio::time::timeout(

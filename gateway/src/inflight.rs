@@ -348,10 +348,20 @@ mod tests {
     use super::*;
     use tower::{Service, ServiceExt};
 
-    #[derive(Clone)]
-    struct Echo;
-    impl tower::Service<http::Request<()>> for Echo {
-        type Response = http::Response<String>;
+    /// Answers every request `ok` in a body of type `B` (a gRPC-style `String`, axum's body).
+    struct Answers<B>(std::marker::PhantomData<fn() -> B>);
+    impl<B> Answers<B> {
+        fn new() -> Self {
+            Answers(std::marker::PhantomData)
+        }
+    }
+    impl<B> Clone for Answers<B> {
+        fn clone(&self) -> Self {
+            Answers::new()
+        }
+    }
+    impl<B: From<&'static str>> tower::Service<http::Request<()>> for Answers<B> {
+        type Response = http::Response<B>;
         type Error = std::convert::Infallible;
         type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
@@ -373,7 +383,7 @@ mod tests {
     #[tokio::test]
     async fn a_body_holds_its_slot_and_the_next_request_is_refused_until_it_drops() {
         let layer = OpenRpcsLayer::new(2);
-        let mut svc = tower::Layer::layer(&layer, Echo);
+        let mut svc = tower::Layer::layer(&layer, Answers::<String>::new());
         let a = svc.ready().await.unwrap().call(req("/x/A")).await.unwrap();
         let b = svc.ready().await.unwrap().call(req("/x/B")).await.unwrap();
         assert_eq!((status(&a), status(&b)), (None, None));
@@ -404,20 +414,6 @@ mod tests {
         assert_eq!(layer.open(), 0);
     }
 
-    #[derive(Clone)]
-    struct HttpOk;
-    impl tower::Service<http::Request<()>> for HttpOk {
-        type Response = http::Response<axum::body::Body>;
-        type Error = std::convert::Infallible;
-        type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
-        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-            Poll::Ready(Ok(()))
-        }
-        fn call(&mut self, _: http::Request<()>) -> Self::Future {
-            std::future::ready(Ok(http::Response::new("ok".into())))
-        }
-    }
-
     async fn json(r: http::Response<PermitBody<axum::body::Body>>) -> serde_json::Value {
         use http_body_util::BodyExt;
         let bytes = r.into_body().collect().await.unwrap().to_bytes();
@@ -427,7 +423,7 @@ mod tests {
     #[tokio::test]
     async fn the_http_door_answers_429_with_retry_after_in_each_routes_shape() {
         let layer = OpenHttpRequestsLayer::new(1);
-        let mut svc = tower::Layer::layer(&layer, HttpOk);
+        let mut svc = tower::Layer::layer(&layer, Answers::<axum::body::Body>::new());
         let held = svc.ready().await.unwrap().call(req("/mcp")).await.unwrap();
         assert_eq!(held.status(), http::StatusCode::OK);
         for (path, shape) in [("/mcp", "jsonrpc"), ("/v1/openai/tool-calls", "provider")] {

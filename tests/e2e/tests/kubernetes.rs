@@ -2223,6 +2223,20 @@ async fn call_until(
     }
 }
 
+/// The word-count tool `tool` (of the custom-tool tests) answers `{"words":3}` for "a b c",
+/// and arguments its schema refuses get INVALID_ARGUMENTS before any pod starts.
+async fn counts_words_and_refuses_bad_arguments(d: &Deployed, tool: &str) {
+    let r = call_until(d, tool, json!({"text": "a b c"}), |r| r.ok).await;
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.output_json, r#"{"words":3}"#);
+    let r = call_until(d, tool, json!({"text": 1}), |_| true).await;
+    assert_eq!(
+        r.error.as_ref().map(|e| e.code),
+        Some(pb::ErrorCode::InvalidArguments as i32),
+        "{r:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custom_tools_declared_as_tool_resources_are_served_and_show_their_status() {
     let Some(d) = deployed("custom-tools") else {
@@ -2258,16 +2272,7 @@ async fn custom_tools_declared_as_tool_resources_are_served_and_show_their_statu
         .find(|t| t.id == tool)
         .unwrap_or_else(|| panic!("{tool} is not listed"));
     assert!(def.input_schema_json.contains("\"text\""), "{def:?}");
-    let r = call_until(&d, &tool, json!({"text": "a b c"}), |r| r.ok).await;
-    assert!(r.ok, "{r:?}");
-    assert_eq!(r.output_json, r#"{"words":3}"#);
-    // Arguments are validated before any pod starts.
-    let r = call_until(&d, &tool, json!({"text": 1}), |_| true).await;
-    assert_eq!(
-        r.error.as_ref().map(|e| e.code),
-        Some(pb::ErrorCode::InvalidArguments as i32),
-        "{r:?}"
-    );
+    counts_words_and_refuses_bad_arguments(&d, &tool).await;
     // The run was a ToolRun recorded under the custom tool's name.
     let runs: Api<ToolRun> = Api::namespaced(kube.clone(), SANDBOX_NS);
     let recorded = runs
@@ -2377,17 +2382,8 @@ async fn image_tools_run_their_command_in_their_image_and_only_allowed_images() 
     kubectl_apply(&name, &tool_manifest(&name, &implementation));
     let ready = wait_ready(&tools, &name, "True").await;
     assert_eq!(ready.reason, "Loaded", "{ready:?}");
-    let r = call_until(&d, &tool, json!({"text": "a b c"}), |r| r.ok).await;
-    assert!(r.ok, "{r:?}");
-    assert_eq!(r.output_json, r#"{"words":3}"#);
-    // The output schema holds for image tools as for scripts: arguments the schema
-    // refuses never reach a pod.
-    let r = call_until(&d, &tool, json!({"text": 1}), |_| true).await;
-    assert_eq!(
-        r.error.as_ref().map(|e| e.code),
-        Some(pb::ErrorCode::InvalidArguments as i32),
-        "{r:?}"
-    );
+    // Image tools are validated as scripts are.
+    counts_words_and_refuses_bad_arguments(&d, &tool).await;
     // The ToolRun: image and command, the arguments as stdin, no language; OK.
     let recorded = runs
         .list(&ListParams::default())

@@ -74,6 +74,13 @@ pub struct OperatorConfig {
     /// the gateway's `sessions.workspace_size_mb` default); warm session pods are made
     /// with it, so sessions of this size take them.
     pub session_workspace_mib: u32,
+    /// CPU a session pod requests, millicores (`sessionCpuRequestMillis`, 1..=64000; at most
+    /// its limit). A session pod lives for the whole session and idles between calls:
+    /// requesting less than its limit (Burstable QoS, CPU only; memory is still requested
+    /// in full) lets a node hold many sessions, at the price that busy sessions on a full
+    /// node share its CPU (each still capped by its limit). `None`: the request equals the
+    /// limit (Guaranteed), as for one-shot pods.
+    pub session_cpu_request_millis: Option<u32>,
 }
 
 /// Most warm pods kept for one language.
@@ -225,6 +232,7 @@ impl Default for OperatorConfig {
             warm_pool: BTreeMap::new(),
             session_warm_pool: 0,
             session_workspace_mib: 1024,
+            session_cpu_request_millis: None,
         }
     }
 }
@@ -597,6 +605,11 @@ impl Config {
         if !(16..=1_048_576).contains(&o.session_workspace_mib) {
             return invalid("sessionWorkspaceMiB", "must be 16..=1048576".into());
         }
+        if let Some(m) = o.session_cpu_request_millis
+            && !(1..=64_000).contains(&m)
+        {
+            return invalid("sessionCpuRequestMillis", "must be 1..=64000".into());
+        }
         for name in o.base_env.keys() {
             let ident = name
                 .chars()
@@ -692,6 +705,7 @@ mod file {
         session_warm_pool: Option<u32>,
         #[serde(rename = "sessionWorkspaceMiB")]
         session_workspace_mib: Option<u32>,
+        session_cpu_request_millis: Option<u32>,
         controller: Option<Controller>,
     }
 
@@ -873,6 +887,9 @@ mod file {
             set(&mut o.warm_pool, self.warm_pool);
             set(&mut o.session_warm_pool, self.session_warm_pool);
             set(&mut o.session_workspace_mib, self.session_workspace_mib);
+            if self.session_cpu_request_millis.is_some() {
+                o.session_cpu_request_millis = self.session_cpu_request_millis;
+            }
             if let Some(c) = self.controller {
                 let t = &mut config.controller;
                 set(&mut t.concurrency, c.concurrency);

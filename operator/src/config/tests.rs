@@ -238,6 +238,11 @@ fn bad_values_are_refused_with_their_key() {
         ("toolImages: ['']\n", "toolImages[0]"),
         ("sessionWarmPool: 65\n", "sessionWarmPool"),
         ("sessionWorkspaceMiB: 8\n", "sessionWorkspaceMiB"),
+        ("sessionCpuRequestMillis: 0\n", "sessionCpuRequestMillis"),
+        (
+            "sessionCpuRequestMillis: 64001\n",
+            "sessionCpuRequestMillis",
+        ),
         ("tmpSizeMiB: 0\n", "tmpSizeMiB"),
         ("tmpSizeMiB: 256\n", "tmpSizeMiB"),
         ("ephemeralStorageMiB: 1\n", "ephemeralStorageMiB"),
@@ -282,6 +287,9 @@ fn warm_pools_are_read_per_language() {
     assert_eq!(Config::default().operator.session_warm_pool, 0);
     let c = Config::from_yaml("sessionWarmPool: 3\n").unwrap();
     assert_eq!(c.operator.session_warm_pool, 3);
+    assert_eq!(Config::default().operator.session_cpu_request_millis, None);
+    let c = Config::from_yaml("sessionCpuRequestMillis: 50\n").unwrap();
+    assert_eq!(c.operator.session_cpu_request_millis, Some(50));
 }
 
 #[test]

@@ -366,8 +366,26 @@ fn workspace_pod(
             let eph = config.ephemeral_storage_mib + size;
             amounts.insert("ephemeral-storage".into(), Quantity(format!("{eph}Mi")));
         }
-        res.requests = Some(amounts.clone());
+        let mut requests = amounts.clone();
+        if let Some(m) = config.session_cpu_request_millis {
+            let cpu = m.min(limits.cpu_millis);
+            requests.insert("cpu".into(), Quantity(format!("{cpu}m")));
+        }
+        res.requests = Some(requests);
         res.limits = Some(amounts);
+    }
+    // Init containers (the runner copied in) count too: the pod requests the largest of
+    // them and the sum of its containers.
+    if let (Some(m), Some(inits)) = (
+        config.session_cpu_request_millis,
+        spec.init_containers.as_mut(),
+    ) {
+        let cpu = m.min(limits.cpu_millis);
+        for c in inits {
+            if let Some(req) = c.resources.as_mut().and_then(|r| r.requests.as_mut()) {
+                req.insert("cpu".into(), Quantity(format!("{cpu}m")));
+            }
+        }
     }
     Ok(pod)
 }

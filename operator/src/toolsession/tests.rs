@@ -379,3 +379,55 @@ fn a_warm_pod_taken_failing_or_going_before_the_claim_means_a_pod_of_its_own() {
         })
     ));
 }
+
+/// The CPU, memory request and limit of every container (init containers too) of `p`.
+fn cpu_and_memory(p: &Pod) -> Vec<(String, String, String, String)> {
+    let spec = p.spec.as_ref().unwrap();
+    let inits = spec.init_containers.iter().flatten();
+    inits
+        .chain(spec.containers.iter())
+        .map(|c| {
+            let r = c.resources.as_ref().unwrap();
+            let get =
+                |m: &Option<BTreeMap<String, Quantity>>, k: &str| m.as_ref().unwrap()[k].0.clone();
+            (
+                get(&r.requests, "cpu"),
+                get(&r.limits, "cpu"),
+                get(&r.requests, "memory"),
+                get(&r.limits, "memory"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn session_pods_may_request_less_cpu_than_their_limit_and_warm_ones_alike() {
+    // Control: without sessionCpuRequestMillis a session pod is Guaranteed.
+    let guaranteed = session_pod(&session(600), &OperatorConfig::default()).unwrap();
+    for (req, lim, mreq, mlim) in cpu_and_memory(&guaranteed) {
+        assert_eq!((req, mreq), (lim, mlim));
+    }
+    let config = OperatorConfig {
+        session_cpu_request_millis: Some(50),
+        ..warm_config(1)
+    };
+    let own = session_pod(&session(600), &config).unwrap();
+    let containers = cpu_and_memory(&own);
+    assert!(!containers.is_empty());
+    for (req, lim, mreq, mlim) in containers {
+        assert_eq!(req, "50m");
+        assert_eq!(lim, format!("{}m", config.default_limits.cpu_millis));
+        assert_eq!(mreq, mlim, "memory stays requested in full");
+    }
+    // The warm session pod is made alike, so sessions still take it.
+    let warm = warm_pod("warm-session-1", &config);
+    assert_eq!(cpu_and_memory(&warm), cpu_and_memory(&own));
+    assert!(takes_warm_pod(&session(600), &config));
+    // Never more than the limit: a session limited to 20m requests 20m.
+    let mut small = session(600);
+    small.spec.limits.cpu_millis = Some(20);
+    let p = session_pod(&small, &config).unwrap();
+    for (req, lim, _, _) in cpu_and_memory(&p) {
+        assert_eq!((req.as_str(), lim.as_str()), ("20m", "20m"));
+    }
+}

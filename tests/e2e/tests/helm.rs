@@ -645,6 +645,7 @@ warmPool: {python: 2}
 toolImages: []
 sessionWarmPool: 1
 sessionWorkspaceMiB: 1024
+sessionCpuRequestMillis: 50
 controller:
   concurrency: 16
   apiQps: 100
@@ -1985,7 +1986,18 @@ async fn operator_yaml_loads_with_the_operators_own_parser() {
     assert_eq!(std::mem::take(&mut config.operator.session_warm_pool), 1);
     // The gateway's default workspace size, which is the operator's.
     assert_eq!(config.operator.session_workspace_mib, 1024);
+    // Session pods request 50m CPU of their limit (the operator alone: the limit).
+    assert_eq!(
+        std::mem::take(&mut config.operator.session_cpu_request_millis),
+        Some(50)
+    );
     assert_eq!(config, Config::default());
+    // 0: the operator's own default (Guaranteed session pods).
+    let objs = render(&helm, &[("sessions.cpuRequestMillis", json!(0))])
+        .await
+        .unwrap();
+    let config = Config::from_yaml(&operator_yaml(&objs)).unwrap();
+    assert_eq!(config.operator.session_cpu_request_millis, None);
 
     // Every value the chart passes on arrives where the operator reads it.
     let objs = render(

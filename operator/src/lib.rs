@@ -1,34 +1,28 @@
 //! The toolrun operator: turns each ToolRun into a ConfigMap and a locked-down pod, and
 //! the runner's record in the pod's log into the ToolRun's status.
 //!
-//! - [`config`]: the YAML configuration ([`Config`]: [`OperatorConfig`] for the
-//!   builders, [`ControllerConfig`] for the controller);
-//! - [`builders`] (ToolRun -> ConfigMap, Pod; namespace -> NetworkPolicy), [`record`]
-//!   (pod log -> runner record) and [`status`] (record or finished pod -> status): pure;
-//! - [`decide`]: the reconciler's decision, pure; [`controller`]: the kube-runtime
-//!   controller that observes and carries the decisions out; [`follow`]: followers of
-//!   running pods' logs, so results are recorded as soon as the runner writes them;
+//! Each kind has its folder:
+//! - [`toolrun`]: ToolRuns (builders, the pure decision, the controller, log followers);
 //! - [`toolsession`]: ToolSessions into agent pods with a workspace, and their idle expiry;
 //!   [`session`]: the relay serving the gateway's file tools in those pods;
 //! - [`warmpool`]: ready agent pods that one-shot runs bind to instead of starting a pod,
 //!   and the runs carried to them through [`relay`] (pods/attach);
+//!
+//! and beside them:
+//! - [`config`]: the YAML configuration ([`Config`]: [`OperatorConfig`] for the
+//!   builders, [`ControllerConfig`] for the controller);
 //! - [`leader`]: Lease-based leader election; [`ratelimit`]: the client-side token
 //!   bucket; [`metrics`]: Prometheus metrics and the admin port.
 //!
 //! [`run`] puts them together; `main.rs` only parses flags and calls it.
 
-pub mod builders;
 pub mod config;
-pub mod controller;
-pub mod decide;
-pub mod follow;
 pub mod leader;
 pub mod metrics;
 pub mod ratelimit;
-pub mod record;
 pub mod relay;
 pub mod session;
-pub mod status;
+pub mod toolrun;
 pub mod toolsession;
 pub mod warmpool;
 
@@ -36,14 +30,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-pub use builders::BuildError;
 pub use config::{Config, ConfigError, ControllerConfig, OperatorConfig};
-pub use record::{RecordError, record_from_log};
 use tokio_util::sync::CancellationToken;
+pub use toolrun::builders::BuildError;
+pub use toolrun::record::{RecordError, record_from_log};
 use tracing::{info, warn};
 
-use crate::controller::Context;
 use crate::metrics::{AdminState, Metrics};
+use crate::toolrun::controller::Context;
 
 /// Why the operator could not run.
 #[derive(Debug, thiserror::Error)]
@@ -164,7 +158,7 @@ pub async fn run(
         "toolrun-operator starting"
     );
 
-    if let Err(e) = controller::ensure_network_policy(&client, &config.namespace).await {
+    if let Err(e) = toolrun::controller::ensure_network_policy(&client, &config.namespace).await {
         // The chart ships the same policy; without the permission (or on a conflict) the
         // operator still runs, but says so.
         warn!(error = %e, "could not apply the deny-all NetworkPolicy");
@@ -203,8 +197,12 @@ pub async fn run(
     } else {
         admin.ready.store(true, Ordering::Release);
         metrics.leader.set(1);
-        controller::run_controller(ctx.clone(), ctl.concurrency, stop.clone().cancelled_owned())
-            .await;
+        toolrun::controller::run_controller(
+            ctx.clone(),
+            ctl.concurrency,
+            stop.clone().cancelled_owned(),
+        )
+        .await;
         metrics.leader.set(0);
         Ok(())
     };
@@ -235,7 +233,8 @@ async fn lead_while_leader(
         ctx.metrics.leader.set(1);
         let term = stop.child_token();
         let watch = leadership.stop_on_loss(term.clone());
-        controller::run_controller(ctx.clone(), ctl.concurrency, term.cancelled_owned()).await;
+        toolrun::controller::run_controller(ctx.clone(), ctl.concurrency, term.cancelled_owned())
+            .await;
         watch.abort();
         ctx.metrics.leader.set(0);
         if stop.is_cancelled() {

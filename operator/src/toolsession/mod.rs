@@ -1,7 +1,7 @@
 //! ToolSessions: one locked-down agent pod per session, with its workspace volume, and the
 //! session's idle expiry.
 //!
-//! - The pod is [`crate::builders::agent_pod`] (the lockdown of every sandbox pod, a uid of
+//! - The pod is [`crate::toolrun::builders::agent_pod`] (the lockdown of every sandbox pod, a uid of
 //!   its own, no token, the deny-all policy) named after the ToolSession, owned by it (so
 //!   deleting the session deletes the pod and its volume), labelled with the session and its
 //!   tenant, its agent serving `--workspace /workspace`. The workspace is an emptyDir with
@@ -46,10 +46,12 @@ use toolrun_crd::labels;
 use toolrun_crd::session::{SessionPhase, ToolSession, ToolSessionSpec, ToolSessionStatus};
 use tracing::{debug, info, warn};
 
-use crate::builders;
 use crate::config::OperatorConfig;
-use crate::controller::{Context, FIELD_MANAGER};
-use crate::decide::{agent_running, elapsed, is_ready_warm_pod, is_terminal, pending_problem};
+use crate::toolrun::builders;
+use crate::toolrun::controller::{Context, FIELD_MANAGER};
+use crate::toolrun::decide::{
+    agent_running, elapsed, is_ready_warm_pod, is_terminal, pending_problem,
+};
 use crate::warmpool;
 
 /// Where programs and file tools see the workspace.

@@ -4,7 +4,7 @@
 //! a restarted operator, a broken attach stream) never runs the program twice: the agent
 //! answers a repeat with the same run's events and record. When the final event arrives
 //! the outcome is kept under the pod's UID and the run is reconciled (as a log follower's
-//! record is, see [`crate::follow`]); [`crate::decide`] records it.
+//! record is, see [`crate::toolrun::follow`]); [`crate::toolrun::decide`] records it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -7,7 +7,7 @@
 //! runner), so a line that parses as a result event is the runner's record. A follower
 //! is a task streaming the log (`follow=true`) of one pod; when it reads the record it
 //! keeps it under the pod's UID and triggers a reconcile of the run, which records it
-//! through [`crate::decide::Decision::Record`] exactly as from a finished pod.
+//! through [`crate::toolrun::decide::Decision::Record`] exactly as from a finished pod.
 //!
 //! Followers are an optimisation only: one that fails, ends without a record or is
 //! never started (past `controller.maxLogFollowers`) changes nothing, because the
@@ -29,8 +29,8 @@ use toolrun_crd::ToolRun;
 use toolrun_runner::RunRecord;
 use tracing::debug;
 
-use crate::builders::RUN_CONTAINER;
-use crate::record::{RecordError, record_from_log};
+use crate::toolrun::builders::RUN_CONTAINER;
+use crate::toolrun::record::{RecordError, record_from_log};
 
 /// Slack on top of twice the run's outputBytes for one log line: the record carries both
 /// streams (each capped at outputBytes by the runner) plus JSON escaping and fields.

@@ -1,5 +1,5 @@
 //! The controller: watches ToolRuns in the sandbox namespace (and the pods and
-//! ConfigMaps it made for them), and carries out what [`crate::decide`] decides.
+//! ConfigMaps it made for them), and carries out what [`crate::toolrun::decide`] decides.
 //!
 //! Each reconcile takes the ToolRun from the watch cache, unless this process has written
 //! or read a newer version of it than the cache holds (the cache lags behind our own
@@ -12,7 +12,7 @@
 //! success: a restarted operator finds the pod it made); ConfigMaps are applied once.
 //!
 //! While a run's program runs, its pod's `run` container log is followed
-//! ([`crate::follow`]); the record read there triggers a reconcile (through
+//! ([`crate::toolrun::follow`]); the record read there triggers a reconcile (through
 //! `Controller::reconcile_on`) that records it before the kubelet reports the pod
 //! finished. Only the leader runs the controller, so only the leader follows logs; the
 //! followers stop with its term.
@@ -34,13 +34,13 @@ use kube::{Api, Client, Resource, ResourceExt};
 use toolrun_crd::{Phase, ToolRun, ToolRunStatus, Verdict, labels};
 use tracing::{debug, info, warn};
 
-use crate::builders::{self, RUN_CONTAINER};
 use crate::config::{ControllerConfig, OperatorConfig};
-use crate::decide::{self, Decision};
-use crate::follow::{self, Followers};
 use crate::metrics::{Metrics, VerdictLabels};
-use crate::record::{RecordError, record_from_log};
-use crate::status::{finished_status, status_without_record};
+use crate::toolrun::builders::{self, RUN_CONTAINER};
+use crate::toolrun::decide::{self, Decision};
+use crate::toolrun::follow::{self, Followers};
+use crate::toolrun::record::{RecordError, record_from_log};
+use crate::toolrun::status::{finished_status, status_without_record};
 use crate::warmpool::runs::AgentRuns;
 use crate::warmpool::{self, Pool};
 

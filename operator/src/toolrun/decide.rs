@@ -59,8 +59,8 @@ use kube::ResourceExt;
 use toolrun_crd::{Phase, ToolRun, ToolRunStatus, Verdict};
 use toolrun_runner::RunRecord;
 
-use crate::builders::{self, RUN_CONTAINER};
 use crate::config::OperatorConfig;
+use crate::toolrun::builders::{self, RUN_CONTAINER};
 
 /// Condition type: the result is recorded (`True`) or not yet (`False`).
 pub const READY: &str = "Ready";
@@ -120,7 +120,7 @@ pub enum Decision {
         started: bool,
     },
     /// The runner's record was read from the live log of the current pod (see
-    /// [`crate::follow`]): record it as [`Decision::ReadLog`] would from the finished
+    /// [`crate::toolrun::follow`]): record it as [`Decision::ReadLog`] would from the finished
     /// pod, without waiting for the kubelet to notice the exit.
     Record {
         /// The pod whose log it was read from.
@@ -450,7 +450,7 @@ pub fn decide(
     Decision::Wait(None)
 }
 
-/// Whether to follow the `run` container's log of `pod` (see [`crate::follow`]): it is
+/// Whether to follow the `run` container's log of `pod` (see [`crate::toolrun::follow`]): it is
 /// the run's current pod, its program runs as far as the kubelet said, the run is neither
 /// finished nor cancelled, and no record was read yet.
 pub fn follow_log(run: &ToolRun, pod: &Pod, live_record: Option<&RunRecord>) -> bool {

@@ -9,6 +9,10 @@
 //!   and the runs carried to them through [`relay`] (pods/attach);
 //!
 //! and beside them:
+//! - [`reconcile`]: what every kind's reconciler shares (the context, status apply with
+//!   the resourceVersion read, errors, events, backoff, the fresh-read memo, the
+//!   bookkeeping of per-pod tasks); [`pods`]: what a sandbox pod shows (running, pending
+//!   and why, finished), read the same way by every kind;
 //! - [`config`]: the YAML configuration ([`Config`]: [`OperatorConfig`] for the
 //!   builders, [`ControllerConfig`] for the controller);
 //! - [`leader`]: Lease-based leader election; [`ratelimit`]: the client-side token
@@ -19,7 +23,9 @@
 pub mod config;
 pub mod leader;
 pub mod metrics;
+pub mod pods;
 pub mod ratelimit;
+pub mod reconcile;
 pub mod relay;
 pub mod session;
 pub mod toolrun;
@@ -37,7 +43,7 @@ pub use toolrun::record::{RecordError, record_from_log};
 use tracing::{info, warn};
 
 use crate::metrics::{AdminState, Metrics};
-use crate::toolrun::controller::Context;
+use crate::reconcile::Context;
 
 /// Why the operator could not run.
 #[derive(Debug, thiserror::Error)]

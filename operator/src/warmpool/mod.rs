@@ -31,8 +31,8 @@ use toolrun_crd::labels;
 use tracing::{debug, info, warn};
 
 use crate::config::OperatorConfig;
+use crate::pods::{is_ready_warm_pod, is_terminal};
 use crate::toolrun::builders;
-use crate::toolrun::decide::{is_ready_warm_pod, is_terminal};
 
 /// The pool of warm session pods ([`crate::toolsession::warm_session_pod`]), beside the
 /// languages' pools: the value of their [`labels::WARM_POOL`] label (no language name has
@@ -301,7 +301,7 @@ pub async fn keep(
                     }
                 };
                 let pp = PostParams {
-                    field_manager: Some(crate::toolrun::controller::FIELD_MANAGER.into()),
+                    field_manager: Some(crate::reconcile::FIELD_MANAGER.into()),
                     ..PostParams::default()
                 };
                 match pods.create(&pp, &pod).await {

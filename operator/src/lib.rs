@@ -7,6 +7,8 @@
 //!   [`session`]: the relay serving the gateway's file tools in those pods;
 //! - [`warmpool`]: ready agent pods that one-shot runs bind to instead of starting a pod,
 //!   and the runs carried to them through [`relay`] (pods/attach);
+//! - [`network_policy`]: the sandbox namespace's deny-all NetworkPolicy, applied at
+//!   start-up and restored while leading;
 //!
 //! and beside them:
 //! - [`reconcile`]: what every kind's reconciler shares (the context, status apply with
@@ -23,6 +25,7 @@
 pub mod config;
 pub mod leader;
 pub mod metrics;
+pub mod network_policy;
 pub mod pods;
 pub mod ratelimit;
 pub mod reconcile;
@@ -123,7 +126,7 @@ pub fn rate_limited_client(
 }
 
 /// Runs the operator until `shutdown` resolves: the admin port, the deny-all
-/// NetworkPolicy, leader election, and the controller while this replica leads.
+/// NetworkPolicy, leader election, and the controllers while this replica leads.
 /// On shutdown the controller lets in-flight reconciles finish and the lease is released.
 pub async fn run(
     client: kube::Client,
@@ -164,7 +167,7 @@ pub async fn run(
         "toolrun-operator starting"
     );
 
-    if let Err(e) = toolrun::controller::ensure_network_policy(&client, &config.namespace).await {
+    if let Err(e) = network_policy::ensure(&client, &config.namespace).await {
         // The chart ships the same policy; without the permission (or on a conflict) the
         // operator still runs, but says so.
         warn!(error = %e, "could not apply the deny-all NetworkPolicy");
@@ -203,12 +206,7 @@ pub async fn run(
     } else {
         admin.ready.store(true, Ordering::Release);
         metrics.leader.set(1);
-        toolrun::controller::run_controller(
-            ctx.clone(),
-            ctl.concurrency,
-            stop.clone().cancelled_owned(),
-        )
-        .await;
+        reconcile_all(&ctx, ctl.concurrency, stop.clone()).await;
         metrics.leader.set(0);
         Ok(())
     };
@@ -239,8 +237,7 @@ async fn lead_while_leader(
         ctx.metrics.leader.set(1);
         let term = stop.child_token();
         let watch = leadership.stop_on_loss(term.clone());
-        toolrun::controller::run_controller(ctx.clone(), ctl.concurrency, term.cancelled_owned())
-            .await;
+        reconcile_all(ctx, ctl.concurrency, term).await;
         watch.abort();
         ctx.metrics.leader.set(0);
         if stop.is_cancelled() {
@@ -248,4 +245,22 @@ async fn lead_while_leader(
         }
         warn!(identity = %identity.name, "lost the lease: stopped reconciling");
     }
+}
+
+/// One term of leadership, until `stop`: every kind's controller (ToolRuns, ToolSessions,
+/// the warm pool) and the NetworkPolicy guard. The ToolRun controller lets its in-flight
+/// reconciles finish first (they may still pick warm pods); the others stop after it.
+async fn reconcile_all(ctx: &Arc<Context>, concurrency: u16, stop: CancellationToken) {
+    let others = CancellationToken::new();
+    let pool = tokio::spawn(warmpool::keep(
+        ctx.client.clone(),
+        ctx.config.clone(),
+        ctx.pool.clone(),
+        others.clone(),
+    ));
+    let sessions = tokio::spawn(toolsession::run(ctx.clone(), others.clone()));
+    let policy = tokio::spawn(network_policy::guard(ctx.clone(), others.clone()));
+    toolrun::controller::run_controller(ctx.clone(), concurrency, stop.cancelled_owned()).await;
+    others.cancel();
+    let _ = tokio::join!(pool, sessions, policy);
 }

@@ -22,13 +22,12 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Config as RuntimeConfig, Controller};
 use kube::runtime::events::EventType;
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use toolrun_crd::{Phase, ToolRun, ToolRunStatus, Verdict, labels};
 use tracing::{debug, info, warn};
 
@@ -65,14 +64,6 @@ pub async fn run_controller(
         futures::stream::select(ctx.followers.start_term(), ctx.agent_runs.start_term());
     let followers = ctx.followers.clone();
     let agent_runs = ctx.agent_runs.clone();
-    let pool_stop = tokio_util::sync::CancellationToken::new();
-    let pool_task = tokio::spawn(warmpool::keep(
-        ctx.client.clone(),
-        ctx.config.clone(),
-        ctx.pool.clone(),
-        pool_stop.clone(),
-    ));
-    let sessions_task = tokio::spawn(crate::toolsession::run(ctx.clone(), pool_stop.clone()));
     let controller = Controller::new(ctx.api::<ToolRun>(), watcher::Config::default());
     ctx.fresh_runs.set_store(controller.store());
     controller
@@ -91,9 +82,6 @@ pub async fn run_controller(
         .await;
     followers.end_term();
     agent_runs.end_term();
-    pool_stop.cancel();
-    let _ = pool_task.await;
-    let _ = sessions_task.await;
 }
 
 /// One reconcile of one ToolRun.
@@ -637,25 +625,6 @@ fn observe_since_creation(
         let ms = Timestamp::now().as_millisecond() - created.0.as_millisecond();
         histogram.observe(ms.max(0) as f64 / 1000.0);
     }
-}
-
-/// Applies the deny-all NetworkPolicy of sandbox pods in `namespace` (the chart ships
-/// the same one, under the same name).
-pub async fn ensure_network_policy(client: &Client, namespace: &str) -> Result<(), Error> {
-    let np = builders::network_policy(namespace);
-    let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), namespace);
-    api.patch(
-        builders::NETWORK_POLICY_NAME,
-        &PatchParams::apply(FIELD_MANAGER),
-        &Patch::Apply(&np),
-    )
-    .await
-    .map_err(kube_err(format!(
-        "applying NetworkPolicy {}/{}",
-        namespace,
-        builders::NETWORK_POLICY_NAME
-    )))?;
-    Ok(())
 }
 
 /// The size of `run`'s spec in JSON (what is left of an object's size goes to artifacts).

@@ -140,3 +140,168 @@ fn normalising_applies_the_servers_defaults_only() {
         normalize(Some(&to(Some(LabelSelector::default()))))
     );
 }
+
+/// A fake API server for the guard: lists the policy `listed`, streams the watch events
+/// sent on the returned channel, and records each apply (PATCH) it receives.
+mod fake_api {
+    use std::convert::Infallible;
+    use std::sync::{Arc, Mutex};
+
+    use axum::Router;
+    use axum::body::Body;
+    use axum::extract::{RawQuery, State};
+    use axum::http::StatusCode;
+    use axum::routing::get;
+    use futures::StreamExt;
+    use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
+
+    use super::*;
+
+    /// One PATCH received: its query string and body.
+    pub type Applied = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
+
+    #[derive(Clone)]
+    struct Fake {
+        listed: Option<NetworkPolicy>,
+        watch: Arc<Mutex<Option<UnboundedReceiver<String>>>>,
+        applied: Applied,
+    }
+
+    async fn list_or_watch(State(f): State<Fake>, RawQuery(q): RawQuery) -> (StatusCode, Body) {
+        if q.unwrap_or_default().contains("watch=true") {
+            // The first watch gets the events; a later one (a re-watch) hangs.
+            let events = f.watch.lock().unwrap().take();
+            let body = match events {
+                Some(rx) => Body::from_stream(rx.map(|line| Ok::<_, Infallible>(line + "\n"))),
+                None => Body::from_stream(futures::stream::pending::<Result<String, Infallible>>()),
+            };
+            return (StatusCode::OK, body);
+        }
+        let list = serde_json::json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicyList",
+            "metadata": {"resourceVersion": "1"},
+            "items": f.listed.iter().collect::<Vec<_>>(),
+        });
+        (StatusCode::OK, Body::from(list.to_string()))
+    }
+
+    async fn apply(
+        State(f): State<Fake>,
+        RawQuery(q): RawQuery,
+        body: String,
+    ) -> (StatusCode, String) {
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        f.applied
+            .lock()
+            .unwrap()
+            .push((q.unwrap_or_default(), body.clone()));
+        let mut written = body;
+        written["metadata"]["uid"] = "u-1".into();
+        written["metadata"]["resourceVersion"] = "2".into();
+        (StatusCode::OK, written.to_string())
+    }
+
+    /// Serves the fake on localhost: a client for it, the watch events' sender and the
+    /// applies received.
+    pub async fn serve(
+        listed: Option<NetworkPolicy>,
+    ) -> (kube::Client, UnboundedSender<String>, Applied) {
+        let (tx, rx) = unbounded();
+        let applied = Applied::default();
+        let fake = Fake {
+            listed,
+            watch: Arc::new(Mutex::new(Some(rx))),
+            applied: applied.clone(),
+        };
+        let base = "/apis/networking.k8s.io/v1/namespaces/toolrun-sandbox/networkpolicies";
+        let app = Router::new()
+            .route(base, get(list_or_watch))
+            .route(
+                &format!("{base}/{NETWORK_POLICY_NAME}"),
+                axum::routing::patch(apply),
+            )
+            .with_state(fake);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(axum::serve(listener, app).into_future());
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        (kube::Client::try_from(config).unwrap(), tx, applied)
+    }
+}
+
+fn watch_event(type_: &str, np: &NetworkPolicy) -> String {
+    serde_json::json!({"type": type_, "object": np}).to_string()
+}
+
+async fn until(what: &str, cond: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_guard_restores_a_deleted_or_changed_policy_and_nothing_else() {
+    let (client, events, applied) = fake_api::serve(Some(as_stored())).await;
+    let config = crate::OperatorConfig {
+        namespace: "toolrun-sandbox".into(),
+        ..crate::OperatorConfig::default()
+    };
+    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+    let ctx = std::sync::Arc::new(Context::new(
+        client,
+        config,
+        &crate::ControllerConfig::default(),
+        "test".into(),
+        metrics.clone(),
+    ));
+    let stop = CancellationToken::new();
+    let guard = tokio::spawn(guard(ctx, stop.clone()));
+    let restored = || metrics.network_policy_restored.get();
+    let applies = || applied.lock().unwrap().len();
+
+    // Control: the listed policy is the desired one (with the server's metadata), and a
+    // change of its labels only is no drift either.
+    let mut relabelled = as_stored();
+    relabelled.metadata.labels = Some([("someone".to_string(), "else".to_string())].into());
+    events
+        .unbounded_send(watch_event("MODIFIED", &relabelled))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!((applies(), restored()), (0, 0), "nothing to restore");
+
+    events
+        .unbounded_send(watch_event("DELETED", &as_stored()))
+        .unwrap();
+    until("the deleted policy applied again", || applies() == 1).await;
+    let (query, body) = applied.lock().unwrap()[0].clone();
+    assert!(query.contains("fieldManager=toolrun-operator"), "{query}");
+    assert!(query.contains("force=true"), "{query}");
+    assert_eq!(
+        serde_json::from_value::<NetworkPolicy>(body).unwrap().spec,
+        desired().spec
+    );
+    until("counted", || restored() == 1).await;
+
+    let opened = with_spec(|s| s.ingress = Some(vec![NetworkPolicyIngressRule::default()]));
+    events
+        .unbounded_send(watch_event("MODIFIED", &opened))
+        .unwrap();
+    until("the changed policy applied again", || applies() == 2).await;
+    until("counted", || restored() == 2).await;
+
+    // The operator's own write coming back through the watch: nothing more.
+    events
+        .unbounded_send(watch_event("MODIFIED", &as_stored()))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!((applies(), restored()), (2, 2));
+
+    stop.cancel();
+    tokio::time::timeout(Duration::from_secs(5), guard)
+        .await
+        .expect("the guard stops with its term")
+        .unwrap();
+}

@@ -153,7 +153,7 @@ pub fn default_artifacts() -> ArtifactSpec {
 }
 
 /// Bytes of artifacts the status may carry at most (before base64): with stdout and
-/// stderr (each at most [`crate::status::MAX_STATUS_STREAM_JSON_BYTES`]) and the spec, a
+/// stderr (each at most [`crate::toolrun::status::MAX_STATUS_STREAM_JSON_BYTES`]) and the spec, a
 /// ToolRun must stay within etcd's 1.5 MiB object size.
 pub const MAX_ARTIFACT_BYTES: u64 = 640 * 1024;
 /// A language image: any image with the interpreter works; it needs nothing of ours.

@@ -1,34 +1,37 @@
 //! The toolrun operator: turns each ToolRun into a ConfigMap and a locked-down pod, and
 //! the runner's record in the pod's log into the ToolRun's status.
 //!
-//! - [`config`]: the YAML configuration ([`Config`]: [`OperatorConfig`] for the
-//!   builders, [`ControllerConfig`] for the controller);
-//! - [`builders`] (ToolRun -> ConfigMap, Pod; namespace -> NetworkPolicy), [`record`]
-//!   (pod log -> runner record) and [`status`] (record or finished pod -> status): pure;
-//! - [`decide`]: the reconciler's decision, pure; [`controller`]: the kube-runtime
-//!   controller that observes and carries the decisions out; [`follow`]: followers of
-//!   running pods' logs, so results are recorded as soon as the runner writes them;
+//! Each kind has its folder:
+//! - [`toolrun`]: ToolRuns (builders, the pure decision, the controller, log followers);
 //! - [`toolsession`]: ToolSessions into agent pods with a workspace, and their idle expiry;
 //!   [`session`]: the relay serving the gateway's file tools in those pods;
 //! - [`warmpool`]: ready agent pods that one-shot runs bind to instead of starting a pod,
 //!   and the runs carried to them through [`relay`] (pods/attach);
+//! - [`network_policy`]: the sandbox namespace's deny-all NetworkPolicy, applied at
+//!   start-up and restored while leading;
+//!
+//! and beside them:
+//! - [`reconcile`]: what every kind's reconciler shares (the context, status apply with
+//!   the resourceVersion read, errors, events, backoff, the fresh-read memo, the
+//!   bookkeeping of per-pod tasks); [`pods`]: what a sandbox pod shows (running, pending
+//!   and why, finished), read the same way by every kind;
+//! - [`config`]: the YAML configuration ([`Config`]: [`OperatorConfig`] for the
+//!   builders, [`ControllerConfig`] for the controller);
 //! - [`leader`]: Lease-based leader election; [`ratelimit`]: the client-side token
 //!   bucket; [`metrics`]: Prometheus metrics and the admin port.
 //!
 //! [`run`] puts them together; `main.rs` only parses flags and calls it.
 
-pub mod builders;
 pub mod config;
-pub mod controller;
-pub mod decide;
-pub mod follow;
 pub mod leader;
 pub mod metrics;
+pub mod network_policy;
+pub mod pods;
 pub mod ratelimit;
-pub mod record;
+pub mod reconcile;
 pub mod relay;
 pub mod session;
-pub mod status;
+pub mod toolrun;
 pub mod toolsession;
 pub mod warmpool;
 
@@ -36,14 +39,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-pub use builders::BuildError;
 pub use config::{Config, ConfigError, ControllerConfig, OperatorConfig};
-pub use record::{RecordError, record_from_log};
 use tokio_util::sync::CancellationToken;
+pub use toolrun::builders::BuildError;
+pub use toolrun::record::{RecordError, record_from_log};
 use tracing::{info, warn};
 
-use crate::controller::Context;
 use crate::metrics::{AdminState, Metrics};
+use crate::reconcile::Context;
 
 /// Why the operator could not run.
 #[derive(Debug, thiserror::Error)]
@@ -123,7 +126,7 @@ pub fn rate_limited_client(
 }
 
 /// Runs the operator until `shutdown` resolves: the admin port, the deny-all
-/// NetworkPolicy, leader election, and the controller while this replica leads.
+/// NetworkPolicy, leader election, and the controllers while this replica leads.
 /// On shutdown the controller lets in-flight reconciles finish and the lease is released.
 pub async fn run(
     client: kube::Client,
@@ -164,7 +167,7 @@ pub async fn run(
         "toolrun-operator starting"
     );
 
-    if let Err(e) = controller::ensure_network_policy(&client, &config.namespace).await {
+    if let Err(e) = network_policy::ensure(&client, &config.namespace).await {
         // The chart ships the same policy; without the permission (or on a conflict) the
         // operator still runs, but says so.
         warn!(error = %e, "could not apply the deny-all NetworkPolicy");
@@ -203,8 +206,7 @@ pub async fn run(
     } else {
         admin.ready.store(true, Ordering::Release);
         metrics.leader.set(1);
-        controller::run_controller(ctx.clone(), ctl.concurrency, stop.clone().cancelled_owned())
-            .await;
+        reconcile_all(&ctx, ctl.concurrency, stop.clone()).await;
         metrics.leader.set(0);
         Ok(())
     };
@@ -235,7 +237,7 @@ async fn lead_while_leader(
         ctx.metrics.leader.set(1);
         let term = stop.child_token();
         let watch = leadership.stop_on_loss(term.clone());
-        controller::run_controller(ctx.clone(), ctl.concurrency, term.cancelled_owned()).await;
+        reconcile_all(ctx, ctl.concurrency, term).await;
         watch.abort();
         ctx.metrics.leader.set(0);
         if stop.is_cancelled() {
@@ -243,4 +245,22 @@ async fn lead_while_leader(
         }
         warn!(identity = %identity.name, "lost the lease: stopped reconciling");
     }
+}
+
+/// One term of leadership, until `stop`: every kind's controller (ToolRuns, ToolSessions,
+/// the warm pool) and the NetworkPolicy guard. The ToolRun controller lets its in-flight
+/// reconciles finish first (they may still pick warm pods); the others stop after it.
+async fn reconcile_all(ctx: &Arc<Context>, concurrency: u16, stop: CancellationToken) {
+    let others = CancellationToken::new();
+    let pool = tokio::spawn(warmpool::keep(
+        ctx.client.clone(),
+        ctx.config.clone(),
+        ctx.pool.clone(),
+        others.clone(),
+    ));
+    let sessions = tokio::spawn(toolsession::run(ctx.clone(), others.clone()));
+    let policy = tokio::spawn(network_policy::guard(ctx.clone(), others.clone()));
+    toolrun::controller::run_controller(ctx.clone(), concurrency, stop.cancelled_owned()).await;
+    others.cancel();
+    let _ = tokio::join!(pool, sessions, policy);
 }

@@ -48,6 +48,9 @@ pub struct Metrics {
     /// `toolrun_operator_warm_unbound_total`: bindings given up (pod taken, gone, not
     /// ready) before anything was sent: those runs got a pod of their own.
     pub warm_unbound: Counter,
+    /// `toolrun_operator_network_policy_restored_total`: the sandbox namespace's deny-all
+    /// NetworkPolicy applied again after it was deleted or changed.
+    pub network_policy_restored: Counter,
 }
 
 impl Default for Metrics {
@@ -91,7 +94,14 @@ impl Metrics {
             "Warm bindings given up before the run was sent (the run got a cold pod)",
             warm_unbound.clone(),
         );
+        let network_policy_restored = Counter::default();
+        registry.register(
+            "network_policy_restored",
+            "The sandbox namespace's deny-all NetworkPolicy applied again after it was deleted or changed",
+            network_policy_restored.clone(),
+        );
         Metrics {
+            network_policy_restored,
             warm_bound,
             warm_unbound,
             registry,
@@ -174,6 +184,7 @@ mod tests {
         m.start_seconds.observe(1.5);
         m.completion_seconds.observe(2.5);
         m.leader.set(1);
+        m.network_policy_restored.inc();
         let text = m.encode();
         for line in [
             "toolrun_operator_reconciles_total{result=\"ok\"} 1",
@@ -182,6 +193,7 @@ mod tests {
             "toolrun_operator_start_seconds_count 1",
             "toolrun_operator_completion_seconds_count 1",
             "toolrun_operator_leader 1",
+            "toolrun_operator_network_policy_restored_total 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

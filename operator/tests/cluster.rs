@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use toolrun_crd::{Phase, ToolRun, Verdict};
 use toolrun_e2e::{TestNs, run_in_namespace, wait_until};
-use toolrun_operator::decide::RETRIED;
+use toolrun_operator::toolrun::decide::RETRIED;
 use toolrun_operator::{Config, Identity};
 
 /// A run of `print(1)` on the warm node takes 1-3 s; this leaves room for a loaded
@@ -1042,7 +1042,7 @@ async fn a_replica_that_loses_the_lease_stops_reconciling() {
 fn agent_run(id: &str, code: &str) -> toolrun_runner::agent::proto::Request {
     use toolrun_runner::agent::proto::{Op, Request};
     let config = test_config("x").operator;
-    let mut spec = toolrun_operator::builders::run_spec(
+    let mut spec = toolrun_operator::toolrun::builders::run_spec(
         &toolrun("agent-run", "bash", code, json!({})).unwrap(),
         &config,
     )
@@ -1058,8 +1058,8 @@ fn agent_run(id: &str, code: &str) -> toolrun_runner::agent::proto::Request {
 
 #[tokio::test]
 async fn the_agent_answers_over_attach_and_a_dropped_stream_loses_nothing() {
-    use toolrun_operator::builders::{AGENT_CONTAINER, agent_pod, network_policy};
     use toolrun_operator::relay::Agent;
+    use toolrun_operator::toolrun::builders::{AGENT_CONTAINER, agent_pod, network_policy};
     use toolrun_runner::agent::proto::{Body, Op, Request};
     with_ns("op-agent", |ns| async move {
         let config = test_config(&ns.name).operator;

@@ -18,8 +18,8 @@ use kube::{Api, CustomResourceExt};
 use serde_json::{Value, json};
 use toolrun_crd::{ToolSession, ToolSessionSpec};
 use toolrun_e2e::{run_in_namespace, wait_until};
-use toolrun_operator::builders::{agent_pod, network_policy};
 use toolrun_operator::session::relay_server::{self, RelayServerConfig, codes};
+use toolrun_operator::toolrun::builders::{agent_pod, network_policy};
 use toolrun_proto::relay::session_relay_client::SessionRelayClient;
 use toolrun_proto::relay::{FileOpRequest, file_op_reply};
 

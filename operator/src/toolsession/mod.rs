@@ -1,7 +1,7 @@
 //! ToolSessions: one locked-down agent pod per session, with its workspace volume, and the
 //! session's idle expiry.
 //!
-//! - The pod is [`crate::builders::agent_pod`] (the lockdown of every sandbox pod, a uid of
+//! - The pod is [`crate::toolrun::builders::agent_pod`] (the lockdown of every sandbox pod, a uid of
 //!   its own, no token, the deny-all policy) named after the ToolSession, owned by it (so
 //!   deleting the session deletes the pod and its volume), labelled with the session and its
 //!   tenant, its agent serving `--workspace /workspace`. The workspace is an emptyDir with
@@ -46,10 +46,10 @@ use toolrun_crd::labels;
 use toolrun_crd::session::{SessionPhase, ToolSession, ToolSessionSpec, ToolSessionStatus};
 use tracing::{debug, info, warn};
 
-use crate::builders;
 use crate::config::OperatorConfig;
-use crate::controller::{Context, FIELD_MANAGER};
-use crate::decide::{agent_running, elapsed, is_ready_warm_pod, is_terminal, pending_problem};
+use crate::pods::{agent_running, elapsed, is_ready_warm_pod, is_terminal, pending_problem};
+use crate::reconcile::{Context, Error, FIELD_MANAGER, apply_status, kube_err};
+use crate::toolrun::builders;
 use crate::warmpool;
 
 /// Where programs and file tools see the workspace.
@@ -58,6 +58,8 @@ pub const WORKSPACE: &str = "/workspace";
 pub const DEFAULT_IDLE_SECONDS: u32 = 3600;
 /// A session is looked at at least this often (idle expiry).
 const RESYNC: Duration = Duration::from_secs(60);
+/// A failed reconcile is tried again after this long.
+pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 
 /// What to do about a session.
 #[derive(Debug, Clone, PartialEq)]
@@ -424,15 +426,16 @@ pub fn workspace_claim(ts: &ToolSession, config: &OperatorConfig) -> PersistentV
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-struct SessionError(String);
-
-fn err(what: &str) -> impl FnOnce(kube::Error) -> SessionError + '_ {
-    move |e| SessionError(format!("{what}: {e}"))
+async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let result = look(ts.clone(), ctx.clone()).await;
+    if result.is_ok() {
+        ctx.session_backoff.succeeded(&ts.name_any());
+    }
+    result
 }
 
-async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, SessionError> {
+/// One look at one session: decide, do it.
+async fn look(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Error> {
     if ts.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
@@ -444,7 +447,7 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
     let pod = pods
         .get_opt(&pod_name)
         .await
-        .map_err(err("reading the pod"))?;
+        .map_err(kube_err("reading the pod"))?;
     let now = Timestamp::now();
     let mut decision = decide(&ts, pod.as_ref(), None, now, ctx.pending_grace);
     // A session about to start a pod takes a warm one when it may and one is ready.
@@ -475,7 +478,7 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
             match sessions.delete(&name, &dp).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(err("deleting the session")(e)),
+                Err(e) => return Err(kube_err("deleting the session")(e)),
             }
             ctx.relay_pool.forget(&pod_name);
             Ok(Action::await_change())
@@ -501,7 +504,7 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
                 {
                     Ok(_) => {}
                     Err(kube::Error::Api(s)) if s.code == 409 => {}
-                    Err(e) => return Err(err("creating the workspace claim")(e)),
+                    Err(e) => return Err(kube_err("creating the workspace claim")(e)),
                 }
             }
             let pp = PostParams {
@@ -511,7 +514,7 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
             match pods.create(&pp, &pod).await {
                 Ok(_) => info!(session = %name, "created the session pod"),
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(err("creating the session pod")(e)),
+                Err(e) => return Err(kube_err("creating the session pod")(e)),
             }
             let st = ToolSessionStatus {
                 phase: Some(SessionPhase::Pending),
@@ -562,21 +565,12 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
                 Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => {
                     debug!(session = %name, %pod, code = s.code, "the warm pod changed, was taken or is gone");
                 }
-                Err(e) => return Err(err("claiming the warm session pod")(e)),
+                Err(e) => return Err(kube_err("claiming the warm session pod")(e)),
             }
             Ok(Action::requeue(Duration::from_millis(200)))
         }
         SessionDecision::DeletePod(p) => {
-            let dp = DeleteParams {
-                grace_period_seconds: Some(0),
-                ..DeleteParams::default()
-            };
-            match pods.delete(&p, &dp).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(err("deleting the session pod")(e)),
-            }
-            ctx.relay_pool.forget(&p);
+            ctx.delete_pod(&p).await?;
             Ok(Action::requeue(Duration::from_secs(1)))
         }
         SessionDecision::Status(st) => {
@@ -599,7 +593,7 @@ async fn reconcile(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Se
 }
 
 /// The session's ToolRuns not finished yet.
-async fn runs_in_flight(ts: &ToolSession, ctx: &Context) -> Result<usize, SessionError> {
+async fn runs_in_flight(ts: &ToolSession, ctx: &Context) -> Result<usize, Error> {
     let runs: Api<toolrun_crd::ToolRun> =
         Api::namespaced(ctx.client.clone(), &ctx.config.namespace);
     let lp = kube::api::ListParams::default().labels(&format!(
@@ -610,7 +604,7 @@ async fn runs_in_flight(ts: &ToolSession, ctx: &Context) -> Result<usize, Sessio
     let list = runs
         .list(&lp)
         .await
-        .map_err(err("listing the session's ToolRuns"))?;
+        .map_err(kube_err("listing the session's ToolRuns"))?;
     Ok(list
         .items
         .iter()
@@ -623,34 +617,21 @@ async fn runs_in_flight(ts: &ToolSession, ctx: &Context) -> Result<usize, Sessio
         .count())
 }
 
+/// Applies `st` with the times added (see [`crate::reconcile::apply_status`]).
 async fn write_status(
     sessions: &Api<ToolSession>,
     ts: &ToolSession,
     mut st: ToolSessionStatus,
-) -> Result<(), SessionError> {
+) -> Result<(), Error> {
     st.last_activity = last_activity(ts).map(Time);
     st.expires_at = expires_at(ts).map(Time);
     st.observed_generation = ts.metadata.generation;
-    let patch = serde_json::json!({
-        "apiVersion": ToolSession::api_version(&()),
-        "kind": ToolSession::kind(&()),
-        "metadata": {"name": ts.name_any(), "resourceVersion": ts.metadata.resource_version},
-        "status": st,
-    });
-    sessions
-        .patch_status(
-            &ts.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(err("writing the session status"))?;
+    apply_status(sessions, ts, &st).await?;
     Ok(())
 }
 
-fn error_policy(ts: Arc<ToolSession>, e: &SessionError, _ctx: Arc<Context>) -> Action {
-    warn!(session = %ts.name_any(), error = %e, "session reconcile failed");
-    Action::requeue(Duration::from_secs(2))
+fn error_policy(ts: Arc<ToolSession>, e: &Error, ctx: Arc<Context>) -> Action {
+    ctx.session_backoff.retry(ts.as_ref(), e)
 }
 
 /// Reconciles ToolSessions until `stop` (one term of leadership).

@@ -4,7 +4,7 @@ use k8s_openapi::api::core::v1::{
 use toolrun_crd::session::{SessionWorkspace, ToolSessionSpec};
 
 use super::*;
-use crate::builders::AGENT_CONTAINER;
+use crate::toolrun::builders::AGENT_CONTAINER;
 
 fn ts(secs: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + secs).unwrap()

@@ -2,12 +2,12 @@
 //! so a one-shot run skips the pod start (about a second on a small node).
 //!
 //! - `warmPool: {LANGUAGE: SIZE}` in the operator's configuration; the pool keeps SIZE
-//!   unclaimed pods per language, made by [`crate::builders::agent_pod`] (the same lockdown
+//!   unclaimed pods per language, made by [`crate::toolrun::builders::agent_pod`] (the same lockdown
 //!   as every sandbox pod, a uid of their own, no per-run data anywhere in their spec) and
 //!   labelled [`labels::WARM_POOL`]. Pods left from another configuration (their
 //!   [`SPEC_HASH`] label differs) are replaced; failed ones are removed.
-//! - A ToolRun that [`crate::decide::warm_language`] accepts is offered one ready pod
-//!   ([`Pool::pick`]); how it binds, claims and runs there is [`crate::decide`]'s (the
+//! - A ToolRun that [`crate::toolrun::decide::warm_language`] accepts is offered one ready pod
+//!   ([`Pool::pick`]); how it binds, claims and runs there is [`crate::toolrun::decide`]'s (the
 //!   binding is recorded in its status before anything is sent); the request is carried
 //!   by [`runs::AgentRuns`] through the relay. The pod is used once, then deleted; the pool
 //!   refills in the background. An empty pool means the cold path: a pod of its own.
@@ -30,9 +30,9 @@ use kube::{Api, Client, ResourceExt};
 use toolrun_crd::labels;
 use tracing::{debug, info, warn};
 
-use crate::builders;
 use crate::config::OperatorConfig;
-use crate::decide::{is_ready_warm_pod, is_terminal};
+use crate::pods::{is_ready_warm_pod, is_terminal};
+use crate::toolrun::builders;
 
 /// The pool of warm session pods ([`crate::toolsession::warm_session_pod`]), beside the
 /// languages' pools: the value of their [`labels::WARM_POOL`] label (no language name has
@@ -301,7 +301,7 @@ pub async fn keep(
                     }
                 };
                 let pp = PostParams {
-                    field_manager: Some(crate::controller::FIELD_MANAGER.into()),
+                    field_manager: Some(crate::reconcile::FIELD_MANAGER.into()),
                     ..PostParams::default()
                 };
                 match pods.create(&pp, &pod).await {

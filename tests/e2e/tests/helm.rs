@@ -145,7 +145,7 @@ fn operator_sandbox_grants() -> BTreeSet<String> {
         (
             "networking.k8s.io",
             &["networkpolicies"],
-            &["get", "create", "patch"],
+            &["get", "list", "watch", "create", "patch"],
         ),
     ])
 }

@@ -7,7 +7,7 @@
 //! runner), so a line that parses as a result event is the runner's record. A follower
 //! is a task streaming the log (`follow=true`) of one pod; when it reads the record it
 //! keeps it under the pod's UID and triggers a reconcile of the run, which records it
-//! through [`crate::decide::Decision::Record`] exactly as from a finished pod.
+//! through [`crate::toolrun::decide::Decision::Record`] exactly as from a finished pod.
 //!
 //! Followers are an optimisation only: one that fails, ends without a record or is
 //! never started (past `controller.maxLogFollowers`) changes nothing, because the
@@ -15,22 +15,21 @@
 //! runs in a term of leadership; a line longer than the cap (outputBytes * 2 + 64 KiB)
 //! ends it, so a follower holds at most that many bytes.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender, unbounded};
+use futures::channel::mpsc::UnboundedReceiver;
 use futures::io::{AsyncBufRead, AsyncBufReadExt};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::LogParams;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use tokio_util::sync::CancellationToken;
 use toolrun_crd::ToolRun;
 use toolrun_runner::RunRecord;
 use tracing::debug;
 
-use crate::builders::RUN_CONTAINER;
-use crate::record::{RecordError, record_from_log};
+use crate::reconcile::{PodTasks, Refused};
+use crate::toolrun::builders::RUN_CONTAINER;
+use crate::toolrun::record::{RecordError, record_from_log};
 
 /// Slack on top of twice the run's outputBytes for one log line: the record carries both
 /// streams (each capped at outputBytes by the runner) plus JSON escaping and fields.
@@ -110,30 +109,11 @@ fn parse_line(line: &[u8]) -> Result<Option<RunRecord>, FollowError> {
     }
 }
 
-struct Entry {
-    /// The ToolRun the pod belongs to.
-    run: String,
-    cancel: CancellationToken,
-    /// Still reading.
-    live: bool,
-    /// What it read.
-    record: Option<RunRecord>,
-}
-
-#[derive(Default)]
-struct State {
-    /// By pod UID. Entries stay after their task ended (so a pod is followed once) until
-    /// the run is finished or gone, or the term ends.
-    entries: HashMap<String, Entry>,
-    /// Reconcile trigger of the current term; `None` between terms.
-    trigger: Option<UnboundedSender<ObjectRef<ToolRun>>>,
-}
-
-/// The log followers of this replica.
+/// The log followers of this replica: per pod UID, the record read (`None` when the
+/// follower ended without one).
 pub struct Followers {
     max: usize,
-    namespace: String,
-    state: Mutex<State>,
+    tasks: PodTasks<ToolRun, Option<RunRecord>>,
 }
 
 impl Followers {
@@ -141,51 +121,35 @@ impl Followers {
     pub fn new(max: usize, namespace: String) -> Self {
         Followers {
             max,
-            namespace,
-            state: Mutex::new(State::default()),
+            tasks: PodTasks::new(namespace),
         }
-    }
-
-    fn state(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Begins a term of leadership: followers may start; the stream triggers reconciles
     /// of runs whose record was read.
     pub fn start_term(&self) -> UnboundedReceiver<ObjectRef<ToolRun>> {
-        let (tx, rx) = unbounded();
-        let mut st = self.state();
-        stop(&mut st);
-        st.trigger = Some(tx);
-        rx
+        self.tasks.start_term()
     }
 
     /// Ends the term: every follower stops, records not yet used are dropped (the
     /// finished-pod path reads them again).
     pub fn end_term(&self) {
-        let mut st = self.state();
-        stop(&mut st);
+        self.tasks.end_term();
     }
 
     /// The record read from the live log of the pod with `pod_uid`, if any.
     pub fn record(&self, pod_uid: &str) -> Option<RunRecord> {
-        self.state().entries.get(pod_uid)?.record.clone()
+        self.tasks.outcome(pod_uid).flatten()
     }
 
     /// Followers still reading.
     pub fn live(&self) -> usize {
-        self.state().entries.values().filter(|e| e.live).count()
+        self.tasks.live()
     }
 
     /// Stops and forgets the followers of the run `run` (finished, deleted).
     pub fn forget_run(&self, run: &str) {
-        let mut st = self.state();
-        st.entries.retain(|_, e| {
-            if e.run == run {
-                e.cancel.cancel();
-            }
-            e.run != run
-        });
+        self.tasks.forget_run(run);
     }
 
     /// Starts following the `run` container of `pod` (of the ToolRun `run`) unless it is
@@ -196,26 +160,14 @@ impl Followers {
             return false;
         };
         let pod_name = pod.name_any();
-        let mut st = self.state();
-        if st.trigger.is_none() || st.entries.contains_key(&uid) {
-            return false;
-        }
-        let live = st.entries.values().filter(|e| e.live).count();
-        if live >= self.max {
-            debug!(run, pod = %pod_name, max = self.max, "maxLogFollowers reached; the finished pod's log will be read");
-            return false;
-        }
-        let cancel = CancellationToken::new();
-        st.entries.insert(
-            uid.clone(),
-            Entry {
-                run: run.to_string(),
-                cancel: cancel.clone(),
-                live: true,
-                record: None,
-            },
-        );
-        drop(st);
+        let cancel = match self.tasks.begin(&uid, run, self.max) {
+            Ok(cancel) => cancel,
+            Err(Refused::Full) => {
+                debug!(run, pod = %pod_name, max = self.max, "maxLogFollowers reached; the finished pod's log will be read");
+                return false;
+            }
+            Err(_) => return false,
+        };
         let followers = Arc::clone(self);
         let pods = pods.clone();
         let run = run.to_string();
@@ -242,33 +194,12 @@ impl Followers {
                     debug!(%run, pod = %pod_name, error = %e, "log follower ended without a record")
                 }
             }
-            followers.ended(&uid, &run, outcome.ok());
+            let record = outcome.ok();
+            let found = record.is_some();
+            followers.tasks.ended(&uid, &run, record, found);
         });
         true
     }
-
-    fn ended(&self, uid: &str, run: &str, record: Option<RunRecord>) {
-        let mut st = self.state();
-        let Some(entry) = st.entries.get_mut(uid) else {
-            return;
-        };
-        entry.live = false;
-        if record.is_none() {
-            return;
-        }
-        entry.record = record;
-        if let Some(trigger) = &st.trigger {
-            let _ = trigger.unbounded_send(ObjectRef::new(run).within(&self.namespace));
-        }
-    }
-}
-
-fn stop(st: &mut State) {
-    for e in st.entries.values() {
-        e.cancel.cancel();
-    }
-    st.entries.clear();
-    st.trigger = None;
 }
 
 #[cfg(test)]

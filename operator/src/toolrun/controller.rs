@@ -1,234 +1,55 @@
 //! The controller: watches ToolRuns in the sandbox namespace (and the pods and
-//! ConfigMaps it made for them), and carries out what [`crate::decide`] decides.
+//! ConfigMaps it made for them), and carries out what [`crate::toolrun::decide`] decides.
 //!
 //! Each reconcile takes the ToolRun from the watch cache, unless this process has written
 //! or read a newer version of it than the cache holds (the cache lags behind our own
-//! writes): then it reads it with one GET (`Context::fresh_run`). The run's current pod
-//! is read with a GET. It decides one step, does it and returns.
+//! writes): then it reads it with one GET ([`crate::reconcile::Fresh`]). The run's current
+//! pod is read with a GET. It decides one step, does it and returns.
 //! Status writes are server-side applies of the whole status to the status subresource
-//! under the field manager [`FIELD_MANAGER`], carrying the resourceVersion that was read:
+//! ([`crate::reconcile::apply_status`]), carrying the resourceVersion that was read:
 //! if anything changed meanwhile the write fails and the run is looked at again, so a
 //! finished status is never overwritten. Pods are created with POST (AlreadyExists is
 //! success: a restarted operator finds the pod it made); ConfigMaps are applied once.
 //!
 //! While a run's program runs, its pod's `run` container log is followed
-//! ([`crate::follow`]); the record read there triggers a reconcile (through
+//! ([`crate::toolrun::follow`]); the record read there triggers a reconcile (through
 //! `Controller::reconcile_on`) that records it before the kubelet reports the pod
 //! finished. Only the leader runs the controller, so only the leader follows logs; the
 //! followers stop with its term.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::runtime::controller::{Action, Config as RuntimeConfig, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::events::EventType;
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use toolrun_crd::{Phase, ToolRun, ToolRunStatus, Verdict, labels};
 use tracing::{debug, info, warn};
 
-use crate::builders::{self, RUN_CONTAINER};
-use crate::config::{ControllerConfig, OperatorConfig};
-use crate::decide::{self, Decision};
-use crate::follow::{self, Followers};
-use crate::metrics::{Metrics, VerdictLabels};
-use crate::record::{RecordError, record_from_log};
-use crate::status::{finished_status, status_without_record};
-use crate::warmpool::runs::AgentRuns;
-use crate::warmpool::{self, Pool};
+use crate::metrics::VerdictLabels;
+use crate::reconcile::{Context, Error, FIELD_MANAGER, apply_status, kube_err};
+use crate::toolrun::builders::{self, RUN_CONTAINER};
+use crate::toolrun::decide::{self, Decision};
+use crate::toolrun::follow;
+use crate::toolrun::record::{RecordError, record_from_log};
+use crate::toolrun::status::{finished_status, status_without_record};
+use crate::warmpool;
 
-/// The one field manager of everything the operator writes.
-pub const FIELD_MANAGER: &str = "toolrun-operator";
 /// A run whose state changes only through watched objects is still looked at this often.
 const RESYNC: Duration = Duration::from_secs(300);
-/// Backoff after failed reconciles: doubling from this...
-const BACKOFF_MIN: Duration = Duration::from_millis(500);
-/// ...up to this.
-const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Backoff after failed reconciles: doubling from the first up to the second.
+pub const BACKOFF: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(60));
 
-/// Why a reconcile failed; the run is retried with backoff.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// An API request failed.
-    #[error("{action}: {source}")]
-    Kube {
-        /// What was being done.
-        action: String,
-        /// The API error.
-        #[source]
-        source: kube::Error,
-    },
-    /// The ToolRun lacks a name or namespace (never true of one from the API server).
-    #[error("ToolRun without {0}")]
-    Metadata(&'static str),
-}
-
-/// Entries of [`Context::newest`] kept before pruning against the cache is considered.
-const PRUNE_FLOOR: usize = 1024;
-
-fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
-    let action = action.into();
-    move |source| Error::Kube { action, source }
-}
-
-/// What every reconcile shares.
-pub struct Context {
-    /// The API client (rate-limited by the caller's choice).
-    pub client: Client,
-    /// Builders' configuration.
-    pub config: OperatorConfig,
-    /// How long a pod may be stuck pending.
-    pub pending_grace: Duration,
-    /// Events.
-    pub recorder: Recorder,
-    /// Metrics.
-    pub metrics: Arc<Metrics>,
-    /// Failed reconciles in a row, per run, for the backoff.
-    failures: Mutex<HashMap<String, u32>>,
-    /// Per run, the resourceVersion of the newest ToolRun this process wrote or read from
-    /// the API server: the watch cache may be used once it holds that version (see
-    /// [`Context::fresh_run`]).
-    newest: Mutex<HashMap<String, String>>,
-    /// The running controller's cache of ToolRuns (set at each start): entries of
-    /// `newest` for runs no longer in it are dropped now and then.
-    store: Mutex<Option<Store<ToolRun>>>,
-    /// Followers of running pods' logs.
-    pub followers: Arc<Followers>,
-    /// The warm pods (kept by [`warmpool::keep`] while leading).
-    pub pool: Arc<Pool>,
-    /// Runs carried to claimed warm pods' and session pods' agents.
-    pub agent_runs: Arc<AgentRuns>,
-    /// One attach stream per agent pod in this process, shared by the session relay and
-    /// the runs carried to agents (two attaches to one pod's stdin would interleave).
-    pub relay_pool: crate::relay::Pool,
-}
-
-impl Context {
-    /// A context for `client`; events are reported as `toolrun-operator` from `instance`.
-    pub fn new(
-        client: Client,
-        config: OperatorConfig,
-        ctl: &ControllerConfig,
-        instance: String,
-        metrics: Arc<Metrics>,
-    ) -> Self {
-        let reporter = Reporter {
-            controller: FIELD_MANAGER.into(),
-            instance: Some(instance),
-        };
-        let relay_pool =
-            crate::session::relay_server::session_pool(client.clone(), &config.namespace);
-        Context {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
-            config: config.clone(),
-            pending_grace: ctl.pending_grace,
-            metrics,
-            failures: Mutex::new(HashMap::new()),
-            newest: Mutex::new(HashMap::new()),
-            store: Mutex::new(None),
-            followers: Arc::new(Followers::new(
-                ctl.max_log_followers,
-                config.namespace.clone(),
-            )),
-            pool: Arc::new(Pool::default()),
-            agent_runs: Arc::new(AgentRuns::new(config.namespace.clone())),
-            relay_pool,
-        }
-    }
-
-    /// The run to decide on: the watch cache's copy when it is at least as new as what
-    /// this process last wrote or read, else a fresh GET (`None`: the run is gone). Most
-    /// reconciles are triggered by the watch event of the newest version, so this saves
-    /// a GET per reconcile; a copy still behind an external write is safe too, as every
-    /// status write carries the resourceVersion it was decided on and conflicts if stale.
-    async fn fresh_run(&self, cached: &ToolRun, name: &str) -> Result<Option<ToolRun>, Error> {
-        let newest = self
-            .newest
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-            .cloned();
-        if newest.is_none() || newest == cached.metadata.resource_version {
-            return Ok(Some(cached.clone()));
-        }
-        let run = self
-            .runs()
-            .get_opt(name)
-            .await
-            .map_err(kube_err(format!("reading ToolRun {name}")))?;
-        match &run {
-            Some(r) => self.remember(name, r),
-            None => self.forget(name),
-        }
-        Ok(run)
-    }
-
-    fn remember(&self, name: &str, run: &ToolRun) {
-        let Some(rv) = &run.metadata.resource_version else {
-            return;
-        };
-        let mut newest = self.newest.lock().unwrap_or_else(|e| e.into_inner());
-        newest.insert(name.to_string(), rv.clone());
-        // Runs deleted by someone else are never reconciled again: drop their entries
-        // once the map has grown well past the cache (amortised O(1) per write).
-        let store = self.store.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(store) = store.as_ref()
-            && newest.len() > PRUNE_FLOOR.max(2 * store.len())
-        {
-            let ns = &self.config.namespace;
-            newest.retain(|n, _| store.get(&ObjectRef::new(n).within(ns)).is_some());
-        }
-    }
-
-    fn forget(&self, name: &str) {
-        self.newest
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
-        self.followers.forget_run(name);
-        self.agent_runs.forget_run(name);
-    }
-
-    fn runs(&self) -> Api<ToolRun> {
-        Api::namespaced(self.client.clone(), &self.config.namespace)
-    }
-
-    fn pods(&self) -> Api<Pod> {
-        Api::namespaced(self.client.clone(), &self.config.namespace)
-    }
-
-    fn config_maps(&self) -> Api<ConfigMap> {
-        Api::namespaced(self.client.clone(), &self.config.namespace)
-    }
-
-    async fn event(&self, run: &ToolRun, type_: EventType, reason: &str, note: String) {
-        let mut note = note;
-        if note.len() > 1000 {
-            let mut cut = 1000;
-            while !note.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            note.truncate(cut);
-        }
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note),
-            action: reason.into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &run.object_ref(&())).await {
-            warn!(run = %run.name_any(), reason, error = %e, "publishing an event failed");
-        }
-    }
+/// Drops what this process keeps for the run `name` (deleted, or gone).
+fn forget(ctx: &Context, name: &str) {
+    ctx.fresh_runs.forget(name);
+    ctx.followers.forget_run(name);
+    ctx.agent_runs.forget_run(name);
 }
 
 /// Runs the controller until `stop` resolves, then lets in-flight reconciles finish.
@@ -243,19 +64,11 @@ pub async fn run_controller(
         futures::stream::select(ctx.followers.start_term(), ctx.agent_runs.start_term());
     let followers = ctx.followers.clone();
     let agent_runs = ctx.agent_runs.clone();
-    let pool_stop = tokio_util::sync::CancellationToken::new();
-    let pool_task = tokio::spawn(warmpool::keep(
-        ctx.client.clone(),
-        ctx.config.clone(),
-        ctx.pool.clone(),
-        pool_stop.clone(),
-    ));
-    let sessions_task = tokio::spawn(crate::toolsession::run(ctx.clone(), pool_stop.clone()));
-    let controller = Controller::new(ctx.runs(), watcher::Config::default());
-    *ctx.store.lock().unwrap_or_else(|e| e.into_inner()) = Some(controller.store());
+    let controller = Controller::new(ctx.api::<ToolRun>(), watcher::Config::default());
+    ctx.fresh_runs.set_store(controller.store());
     controller
-        .owns(ctx.pods(), children.clone())
-        .owns(ctx.config_maps(), children)
+        .owns(ctx.api::<Pod>(), children.clone())
+        .owns(ctx.api::<ConfigMap>(), children)
         .reconcile_on(records_read)
         .with_config(RuntimeConfig::default().concurrency(concurrency))
         .graceful_shutdown_on(stop)
@@ -269,9 +82,6 @@ pub async fn run_controller(
         .await;
     followers.end_term();
     agent_runs.end_term();
-    pool_stop.cancel();
-    let _ = pool_task.await;
-    let _ = sessions_task.await;
 }
 
 /// One reconcile of one ToolRun.
@@ -284,36 +94,22 @@ pub async fn reconcile(cached: Arc<ToolRun>, ctx: Arc<Context>) -> Result<Action
     let result = reconcile_inner(&cached, &name, &ctx).await;
     ctx.metrics.reconciled(result.is_ok());
     if result.is_ok() {
-        ctx.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&name);
+        ctx.run_backoff.succeeded(&name);
     }
     result
 }
 
 /// Requeues a failed run with exponential backoff.
 pub fn error_policy(run: Arc<ToolRun>, error: &Error, ctx: Arc<Context>) -> Action {
-    let name = run.name_any();
-    let n = {
-        let mut failures = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let n = failures.entry(name.clone()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
-    };
-    let delay = BACKOFF_MIN
-        .saturating_mul(1u32 << (n - 1).min(16))
-        .min(BACKOFF_MAX);
-    warn!(run = %name, error = %error, failures = n, retry_in = ?delay, "reconcile failed");
-    Action::requeue(delay)
+    ctx.run_backoff.retry(run.as_ref(), error)
 }
 
 async fn reconcile_inner(cached: &ToolRun, name: &str, ctx: &Context) -> Result<Action, Error> {
-    let Some(run) = ctx.fresh_run(cached, name).await? else {
+    let Some(run) = ctx.fresh_runs.get(&ctx.api(), name, cached).await? else {
         return Ok(Action::await_change());
     };
     if run.metadata.deletion_timestamp.is_some() {
-        ctx.forget(name);
+        forget(ctx, name);
         return Ok(Action::await_change());
     }
     let finished = run
@@ -327,7 +123,7 @@ async fn reconcile_inner(cached: &ToolRun, name: &str, ctx: &Context) -> Result<
     }
     let pod_name = decide::current_pod_name(&run);
     let pod = ctx
-        .pods()
+        .api::<Pod>()
         .get_opt(&pod_name)
         .await
         .map_err(kube_err(format!("reading pod {pod_name}")))?;
@@ -377,8 +173,12 @@ async fn reconcile_inner(cached: &ToolRun, name: &str, ctx: &Context) -> Result<
         && decide::follow_log(&run, p, live_record.as_ref())
         && let Ok(limits) = builders::resolve_limits(&run.spec.limits, &ctx.config)
     {
-        ctx.followers
-            .follow(&ctx.pods(), name, p, follow::line_cap(limits.output_bytes));
+        ctx.followers.follow(
+            &ctx.api::<Pod>(),
+            name,
+            p,
+            follow::line_cap(limits.output_bytes),
+        );
     }
     execute(&run, pod.as_ref(), decision, ctx).await
 }
@@ -485,7 +285,7 @@ async fn execute(
             Ok(Action::requeue(Duration::ZERO))
         }
         Decision::DeletePod { name: pod_name } => {
-            delete_pod(ctx, &pod_name).await?;
+            ctx.delete_pod(&pod_name).await?;
             Ok(Action::requeue(Duration::from_secs(1)))
         }
         Decision::DeleteRun => {
@@ -508,12 +308,12 @@ async fn execute(
                     }),
                 ..DeleteParams::default()
             };
-            match ctx.runs().delete(&name, &dp).await {
+            match ctx.api::<ToolRun>().delete(&name, &dp).await {
                 Ok(_) => info!(run = %name, "deleted after its TTL"),
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(e) => return Err(kube_err(format!("deleting ToolRun {name}"))(e)),
             }
-            ctx.forget(&name);
+            forget(ctx, &name);
             Ok(Action::await_change())
         }
         Decision::Bind { pod_name } => {
@@ -552,7 +352,7 @@ async fn execute(
             info!(run = %name, %reason, "gave the warm pod up: a pod of its own");
             ctx.metrics.warm_unbound.inc();
             if let Some(p) = leftover {
-                delete_pod(ctx, &p).await?;
+                ctx.delete_pod(&p).await?;
             }
             Ok(Action::requeue(Duration::ZERO))
         }
@@ -603,7 +403,7 @@ async fn create_pod(
     let cm_name = config_map.name_any();
     // The ConfigMap is immutable: apply it only when it is not there yet.
     match ctx
-        .config_maps()
+        .api::<ConfigMap>()
         .get_opt(&cm_name)
         .await
         .map_err(kube_err(format!("reading ConfigMap {cm_name}")))?
@@ -621,7 +421,7 @@ async fn create_pod(
             }
         }
         None => {
-            ctx.config_maps()
+            ctx.api::<ConfigMap>()
                 .patch(
                     &cm_name,
                     &PatchParams::apply(FIELD_MANAGER),
@@ -636,7 +436,7 @@ async fn create_pod(
         field_manager: Some(FIELD_MANAGER.into()),
         ..PostParams::default()
     };
-    match ctx.pods().create(&pp, &pod).await {
+    match ctx.api::<Pod>().create(&pp, &pod).await {
         Ok(_) => {
             info!(run = %run_name, pod = %pod_name, "created pod");
             ctx.event(
@@ -687,7 +487,7 @@ async fn session_of(
     match (status.phase, status.pod_name) {
         (Some(SessionPhase::Ready), Some(pod)) => {
             let pod = ctx
-                .pods()
+                .api::<Pod>()
                 .get_opt(&pod)
                 .await
                 .map_err(kube_err(format!("reading pod {pod}")))?;
@@ -735,7 +535,11 @@ async fn claim(
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
-    match ctx.pods().patch(pod_name, &pp, &Patch::Merge(&patch)).await {
+    match ctx
+        .api::<Pod>()
+        .patch(pod_name, &pp, &Patch::Merge(&patch))
+        .await
+    {
         Ok(_) => {
             debug!(run = %name, pod = %pod_name, "claimed the warm pod");
             Ok(())
@@ -779,7 +583,7 @@ async fn finish(
     };
     ctx.event(run, type_, event_reason, note).await;
     if let Some(pod_name) = delete {
-        delete_pod(ctx, &pod_name).await?;
+        ctx.delete_pod(&pod_name).await?;
     }
     // The TTL check comes with the next look.
     Ok(Action::requeue(Duration::ZERO))
@@ -792,27 +596,9 @@ async fn write_status(
     status: ToolRunStatus,
     ctx: &Context,
 ) -> Result<ToolRunStatus, Error> {
-    let name = run.name_any();
     let status = decide::compose_status(run, status, Timestamp::now());
-    let patch = serde_json::json!({
-        "apiVersion": ToolRun::api_version(&()),
-        "kind": ToolRun::kind(&()),
-        "metadata": {
-            "name": name,
-            "resourceVersion": run.metadata.resource_version,
-        },
-        "status": status,
-    });
-    let written = ctx
-        .runs()
-        .patch_status(
-            &name,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(kube_err(format!("writing the status of ToolRun {name}")))?;
-    ctx.remember(&name, &written);
+    let written = apply_status(&ctx.api::<ToolRun>(), run, &status).await?;
+    ctx.fresh_runs.remember(&run.name_any(), &written);
     Ok(status)
 }
 
@@ -821,35 +607,13 @@ async fn read_log(ctx: &Context, pod_name: &str) -> Result<Result<String, Record
         container: Some(RUN_CONTAINER.into()),
         ..LogParams::default()
     };
-    match ctx.pods().logs(pod_name, &lp).await {
+    match ctx.api::<Pod>().logs(pod_name, &lp).await {
         Ok(log) => Ok(Ok(log)),
         // The kubelet no longer has it (pod gone, container never ran): no record.
         Err(kube::Error::Api(s)) if (400..500).contains(&s.code) && s.code != 429 => {
             Ok(Err(RecordError::LogUnavailable(s.message)))
         }
         Err(e) => Err(kube_err(format!("reading the log of pod {pod_name}"))(e)),
-    }
-}
-
-async fn delete_pod(ctx: &Context, pod_name: &str) -> Result<(), Error> {
-    match ctx
-        .pods()
-        .delete(
-            pod_name,
-            &DeleteParams {
-                grace_period_seconds: Some(0),
-                ..DeleteParams::default()
-            },
-        )
-        .await
-    {
-        Ok(_) => {
-            info!(pod = %pod_name, "deleted pod");
-            ctx.relay_pool.forget(pod_name);
-            Ok(())
-        }
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(kube_err(format!("deleting pod {pod_name}"))(e)),
     }
 }
 
@@ -861,25 +625,6 @@ fn observe_since_creation(
         let ms = Timestamp::now().as_millisecond() - created.0.as_millisecond();
         histogram.observe(ms.max(0) as f64 / 1000.0);
     }
-}
-
-/// Applies the deny-all NetworkPolicy of sandbox pods in `namespace` (the chart ships
-/// the same one, under the same name).
-pub async fn ensure_network_policy(client: &Client, namespace: &str) -> Result<(), Error> {
-    let np = builders::network_policy(namespace);
-    let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), namespace);
-    api.patch(
-        builders::NETWORK_POLICY_NAME,
-        &PatchParams::apply(FIELD_MANAGER),
-        &Patch::Apply(&np),
-    )
-    .await
-    .map_err(kube_err(format!(
-        "applying NetworkPolicy {}/{}",
-        namespace,
-        builders::NETWORK_POLICY_NAME
-    )))?;
-    Ok(())
 }
 
 /// The size of `run`'s spec in JSON (what is left of an object's size goes to artifacts).

@@ -8,7 +8,7 @@ use toolrun_runner::{Event, PROTOCOL_VERSION, Verdict};
 
 use super::*;
 
-use crate::record::tests::{log_of, record};
+use crate::toolrun::record::tests::{log_of, record};
 
 /// Scans `log` read `chunk` bytes at a time.
 async fn scan(log: &str, chunk: usize, cap: usize) -> Result<RunRecord, FollowError> {

@@ -59,8 +59,9 @@ use kube::ResourceExt;
 use toolrun_crd::{Phase, ToolRun, ToolRunStatus, Verdict};
 use toolrun_runner::RunRecord;
 
-use crate::builders::{self, RUN_CONTAINER};
 use crate::config::OperatorConfig;
+use crate::pods::{elapsed, is_ready_warm_pod, is_terminal, is_warm_pod, pending_problem};
+use crate::toolrun::builders::{self, RUN_CONTAINER};
 
 /// Condition type: the result is recorded (`True`) or not yet (`False`).
 pub const READY: &str = "Ready";
@@ -86,11 +87,6 @@ const LOST_REASONS: &[&str] = &[
     "Terminated",
     "UnexpectedAdmissionError",
 ];
-/// Waiting reasons of a container whose image cannot be had.
-const IMAGE_REASONS: &[&str] = &["ErrImagePull", "ImagePullBackOff", "InvalidImageName"];
-/// Waiting reasons of a container that cannot be created as specified.
-const CONFIG_REASONS: &[&str] = &["CreateContainerConfigError", "CreateContainerError"];
-
 /// One step of the reconciler.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Decision {
@@ -120,7 +116,7 @@ pub enum Decision {
         started: bool,
     },
     /// The runner's record was read from the live log of the current pod (see
-    /// [`crate::follow`]): record it as [`Decision::ReadLog`] would from the finished
+    /// [`crate::toolrun::follow`]): record it as [`Decision::ReadLog`] would from the finished
     /// pod, without waiting for the kubelet to notice the exit.
     Record {
         /// The pod whose log it was read from.
@@ -247,33 +243,6 @@ fn condition_is(status: Option<&ToolRunStatus>, type_: &str, value: &str) -> boo
             .iter()
             .any(|c| c.type_ == type_ && c.status == value)
     })
-}
-
-/// A pod of the warm pool (claimed or not).
-pub fn is_warm_pod(pod: &Pod) -> bool {
-    pod.labels().contains_key(toolrun_crd::labels::WARM_POOL)
-}
-
-/// A warm pod ready for a run: unclaimed, not going away, running its agent.
-pub fn is_ready_warm_pod(pod: &Pod) -> bool {
-    is_warm_pod(pod)
-        && pod.owner_references().is_empty()
-        && pod.metadata.deletion_timestamp.is_none()
-        && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-        && agent_running(pod)
-}
-
-/// The pod's agent container is running (a warm or session pod ready for requests).
-pub fn agent_running(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .into_iter()
-        .flatten()
-        .any(|c| {
-            c.name == builders::AGENT_CONTAINER
-                && c.state.as_ref().is_some_and(|s| s.running.is_some())
-        })
 }
 
 /// Name of the pod of `attempt` (0 or 1) of the run `run_name`.
@@ -450,7 +419,7 @@ pub fn decide(
     Decision::Wait(None)
 }
 
-/// Whether to follow the `run` container's log of `pod` (see [`crate::follow`]): it is
+/// Whether to follow the `run` container's log of `pod` (see [`crate::toolrun::follow`]): it is
 /// the run's current pod, its program runs as far as the kubelet said, the run is neither
 /// finished nor cancelled, and no record was read yet.
 pub fn follow_log(run: &ToolRun, pod: &Pod, live_record: Option<&RunRecord>) -> bool {
@@ -667,14 +636,6 @@ pub fn is_owned_by(pod: &Pod, run: &ToolRun) -> bool {
             .any(|o| o.controller == Some(true) && Some(o.uid.as_str()) == uid)
 }
 
-/// The pod's phase is Succeeded or Failed.
-pub fn is_terminal(pod: &Pod) -> bool {
-    matches!(
-        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-        Some("Succeeded" | "Failed")
-    )
-}
-
 fn run_container(pod: &Pod) -> Option<&ContainerStatus> {
     pod.status
         .as_ref()?
@@ -707,74 +668,6 @@ pub fn run_container_start(pod: &Pod) -> Option<Time> {
         .as_ref()
         .and_then(|r| r.started_at.clone())
         .or_else(|| state.terminated.as_ref().and_then(|t| t.started_at.clone()))
-}
-
-/// Why a pending pod will not start by itself (image, container config, no node).
-pub fn pending_problem(pod: &Pod) -> Option<String> {
-    let status = pod.status.as_ref()?;
-    let unschedulable = status.conditions.iter().flatten().find(|c| {
-        c.type_ == "PodScheduled"
-            && c.status == "False"
-            && c.reason.as_deref() == Some("Unschedulable")
-    });
-    if let Some(c) = unschedulable {
-        return Some(format!(
-            "unschedulable: {}",
-            c.message.as_deref().unwrap_or("no node fits the pod")
-        ));
-    }
-    let spec = pod.spec.as_ref();
-    let image_of = |name: &str| {
-        spec.into_iter()
-            .flat_map(|s| {
-                s.init_containers
-                    .iter()
-                    .flatten()
-                    .chain(s.containers.iter())
-            })
-            .find(|c| c.name == name)
-            .and_then(|c| c.image.clone())
-            .unwrap_or_default()
-    };
-    let containers = status
-        .init_container_statuses
-        .iter()
-        .flatten()
-        .chain(status.container_statuses.iter().flatten());
-    for c in containers {
-        let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) else {
-            continue;
-        };
-        let reason = w.reason.as_deref().unwrap_or("");
-        let message = w.message.as_deref().unwrap_or("");
-        if IMAGE_REASONS.contains(&reason) {
-            let image = if c.image.is_empty() {
-                image_of(&c.name)
-            } else {
-                c.image.clone()
-            };
-            return Some(format!(
-                "image not found: {image} (container {}, {reason}: {message})",
-                c.name
-            ));
-        }
-        if CONFIG_REASONS.contains(&reason) {
-            return Some(format!(
-                "container {} cannot be created ({reason}: {message})",
-                c.name
-            ));
-        }
-    }
-    None
-}
-
-/// Time from `since` to `now` (zero when unknown or in the future).
-pub fn elapsed(since: Option<&Time>, now: Timestamp) -> Duration {
-    let Some(t) = since else {
-        return Duration::ZERO;
-    };
-    let ms = now.as_millisecond() - t.0.as_millisecond();
-    Duration::from_millis(ms.max(0).unsigned_abs())
 }
 
 /// The complete status to write: `new` (phase, verdict, result) with the times, pod name,

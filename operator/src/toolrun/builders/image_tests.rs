@@ -10,7 +10,7 @@ use serde_json::Value;
 use toolrun_crd::{EnvVar, Limits, ToolRunSpec, Verdict};
 
 use super::*;
-use crate::decide::{Decision, Warm, decide, warm_language};
+use crate::toolrun::decide::{Decision, Warm, decide, warm_language};
 
 const NS: &str = "toolrun-sandbox";
 const IMAGE: &str = "registry.example.com/tools/wc:1";

@@ -4,8 +4,8 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use toolrun_crd::{Artifact, OmittedArtifact, Phase, ToolRunStatus, Verdict};
 use toolrun_runner::RunRecord;
 
-use crate::builders::RUN_CONTAINER;
-use crate::record::RecordError;
+use crate::toolrun::builders::RUN_CONTAINER;
+use crate::toolrun::record::RecordError;
 
 /// Largest JSON-encoded size of each of stdout and stderr in the status. The runner caps
 /// the streams in bytes, but a control character takes six bytes in JSON; this keeps the

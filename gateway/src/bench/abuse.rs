@@ -1150,6 +1150,9 @@ async fn tenants(args: &BenchArgs) -> Result<(), CliError> {
     }
     drop(rss_stop);
     let rss_peak = rss_task.await.unwrap_or(0);
+    // What the gateway keeps once the flood is over (its calls answered, connections idle).
+    tokio::time::sleep(SETTLE).await;
+    let rss_after = gw.rss();
     let secs = calc.on_secs + runs.as_ref().map_or(0.0, |r| r.on_secs);
     let pair = |name: &str, m: Interleaved| {
         [
@@ -1177,10 +1180,12 @@ async fn tenants(args: &BenchArgs) -> Result<(), CliError> {
         json!({"abuse": "tenants", "flood_callers": flooders, "paced_per_sec": args.abuse_rate,
                "flood_seconds": (secs * 10.0).round() / 10.0,
                "flood_ok": ok, "flood_resource_exhausted": exhausted, "flood_other": other,
+               "flood_sent_per_sec": ((ok + exhausted + other) as f64 / secs).round(),
                "flood_refused_per_sec": (exhausted as f64 / secs).round(),
                "quiet_calculator_p99_ratio": ratio(&calc),
                "quiet_run_code_p99_ratio": runs.as_ref().map(ratio),
-               "gateway_rss_idle_kib": rss_idle, "gateway_rss_peak_kib": rss_peak}),
+               "gateway_rss_idle_kib": rss_idle, "gateway_rss_peak_kib": rss_peak,
+               "gateway_rss_after_kib": rss_after}),
     );
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);

@@ -68,6 +68,15 @@ impl Slots {
         self.sem.clone().try_acquire_owned().ok()
     }
 
+    /// One slot, waiting for one to free when all are taken.
+    pub async fn take(&self) -> OwnedSemaphorePermit {
+        self.sem
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
+    }
+
     /// Requests open now.
     pub fn open(&self) -> usize {
         self.limit - self.sem.available_permits()

@@ -202,7 +202,9 @@ impl TlsConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct TenantLimits {
     /// Sandboxed runs (run_code, shell) running at once; one more is refused with
-    /// RESOURCE_EXHAUSTED (at most `sandbox.max_concurrent_runs` when that is set).
+    /// RESOURCE_EXHAUSTED (at most `sandbox.max_concurrent_runs` when that is set). Unset,
+    /// with `sandbox.max_concurrent_runs` set: the tenant's default share of it, where one
+    /// more run waits (within its timeout) instead of being refused.
     pub runs_in_flight: Option<u32>,
     /// Sessions open at once (at most `sessions.max_sessions`).
     pub sessions: Option<u32>,

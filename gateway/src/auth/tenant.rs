@@ -295,11 +295,18 @@ impl Tenant {
         })
     }
 
-    /// A slot for one sandboxed run, held until the permit drops.
-    pub fn begin_run(&self) -> Result<Option<OwnedSemaphorePermit>, LimitError> {
+    /// A slot for one sandboxed run, held until the permit drops. Over the tenant's own
+    /// `limits.runs_in_flight` a run is refused at once; at its default share of
+    /// `sandbox.max_concurrent_runs` it waits for a slot of the tenant's, as runs wait for
+    /// the server's (the caller bounds the wait by the call's timeout): a tenant's flood
+    /// then queues behind its own share rather than in front of other tenants' runs.
+    pub async fn begin_run(&self) -> Result<Option<OwnedSemaphorePermit>, LimitError> {
         let Some(bound) = &self.runs else {
             return Ok(None);
         };
+        if bound.share.is_some() {
+            return Ok(Some(bound.slots.take().await));
+        }
         bound
             .slots
             .try_take()
@@ -354,8 +361,8 @@ mod tests {
     use super::*;
     use crate::auth::config::TenantLimits;
 
-    #[test]
-    fn limits_capabilities_and_tools() {
+    #[tokio::test]
+    async fn limits_capabilities_and_tools() {
         let cfg = TenantConfig {
             tools: Some(vec!["calculator".into()]),
             capabilities: Some(vec!["execute".into()]),
@@ -379,13 +386,13 @@ mod tests {
         let e = t.admit_call().unwrap_err();
         assert!(e.retry_after() > Duration::from_millis(500), "{e:?}");
         assert!(e.retry_after() <= Duration::from_secs(1), "{e:?}");
-        let held = t.begin_run().unwrap();
+        let held = t.begin_run().await.unwrap();
         assert!(matches!(
-            t.begin_run(),
+            t.begin_run().await,
             Err(LimitError::Runs { limit: 1, .. })
         ));
         drop(held);
-        assert!(t.begin_run().unwrap().is_some());
+        assert!(t.begin_run().await.unwrap().is_some());
         // No share of the front doors' bounds configured: the default share of the
         // server's bound.
         assert_eq!(
@@ -443,8 +450,8 @@ mod tests {
         assert!(a.open_request(FrontDoor::Http).unwrap().is_some());
     }
 
-    #[test]
-    fn a_tenant_without_limits_gets_its_default_share_of_each_server_bound() {
+    #[tokio::test]
+    async fn a_tenant_without_limits_gets_its_default_share_of_each_server_bound() {
         let mut server = Config::from_yaml(
             "sandbox: {max_concurrent_runs: 10}\nsessions: {max_sessions: 9}\n\
              auth: {tenant_share_percent: 30}\n",
@@ -456,16 +463,29 @@ mod tests {
         // 30% of 3 rounds down to 0: at least one.
         assert_eq!(t.open_requests_limit(FrontDoor::Http), Some(1));
         assert_eq!(t.max_sessions, Some(2));
-        let runs: Vec<_> = (0..3).map(|_| t.begin_run().unwrap().unwrap()).collect();
-        let e = t.begin_run().unwrap_err();
-        assert_eq!(
-            e,
-            LimitError::Runs {
-                tenant: "a".into(),
-                limit: 3,
-                share: Some(30)
-            }
-        );
+        // Runs at the share wait for a slot of the tenant's (as for the server's), rather
+        // than being refused; the wait ends when one of its runs does.
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            runs.push(t.begin_run().await.unwrap().unwrap());
+        }
+        let wait = tokio::time::timeout(Duration::from_millis(50), t.begin_run()).await;
+        assert!(wait.is_err(), "a fourth run waits");
+        let t2 = t.clone();
+        let waiting = tokio::spawn(async move { t2.begin_run().await.map(|p| p.is_some()) });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished());
+        drop(runs.pop());
+        let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("a freed slot ends the wait")
+            .unwrap();
+        assert_eq!(got, Ok(true));
+        let e = LimitError::Runs {
+            tenant: "a".into(),
+            limit: 3,
+            share: Some(30),
+        };
         assert!(
             e.to_string().contains(
                 "default share: auth.tenant_share_percent 30% of sandbox.max_concurrent_runs"
@@ -494,9 +514,9 @@ mod tests {
         let t = Tenant::new("b", &own, &server);
         assert_eq!(t.open_requests_limit(FrontDoor::Grpc), Some(20));
         assert_eq!(t.max_sessions, Some(9));
-        let _run = t.begin_run().unwrap().unwrap();
+        let _run = t.begin_run().await.unwrap().unwrap();
         assert_eq!(
-            t.begin_run().unwrap_err(),
+            t.begin_run().await.unwrap_err(),
             LimitError::Runs {
                 tenant: "b".into(),
                 limit: 1,
@@ -512,7 +532,7 @@ mod tests {
         server.auth.tenant_share_percent = 50;
         server.sandbox.max_concurrent_runs = None;
         let t = Tenant::new("d", &TenantConfig::default(), &server);
-        assert!(t.begin_run().unwrap().is_none());
+        assert!(t.begin_run().await.unwrap().is_none());
         // The anonymous tenant (no authentication) has no shares at all.
         let anon = Tenant::anonymous();
         assert_eq!(anon.open_requests_limit(FrontDoor::Grpc), None);

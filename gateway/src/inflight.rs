@@ -20,7 +20,9 @@
 //! while it is full); the HTTP listener serves no health path (that is the admin port).
 //!
 //! The same [`Slots`] and [`PermitBody`] hold each tenant's own share after authentication
-//! (`auth.tenants.*.limits.open_rpcs`, `open_http_requests`: [`crate::auth`]).
+//! (`auth.tenants.*.limits.open_rpcs`, `open_http_requests`, else its default share,
+//! `auth.tenant_share_percent` of the bound: [`crate::auth`]), so that no one tenant can
+//! hold a whole bound.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -108,8 +108,9 @@ pub struct BenchArgs {
     /// Which abuse scenarios: `streams` (streams held open, up to the bound), `http` (slow
     /// HTTP requests held open, up to the listener's bound), `flood` (malformed and
     /// oversized requests on every front door), `tenants` (one tenant over its limits
-    /// beside another).
-    #[arg(long, value_delimiter = ',', default_values_t = ["streams".to_string(), "http".into(), "flood".into(), "tenants".into()])]
+    /// beside another), `shares` (a tenant without limits holding its default share of
+    /// `--abuse-max-open-rpcs` beside another, and the control at a share of 100%).
+    #[arg(long, value_delimiter = ',', default_values_t = ["streams".to_string(), "http".into(), "flood".into(), "tenants".into(), "shares".into()])]
     pub abuse_scenarios: Vec<String>,
     /// Streams the `streams` scenario holds open.
     #[arg(long, default_value_t = 10_000)]

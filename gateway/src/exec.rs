@@ -592,9 +592,28 @@ impl Executor {
         } else {
             timeout
         };
-        // The tenant's own bound on sandboxed runs, held while the tool runs.
+        // The tenant's own bound on sandboxed runs, held while the tool runs (at its default
+        // share, waited for within the call's timeout).
         let _run_slot = if meta.sandbox_required {
-            tenant.begin_run().map_err(limit_error)?
+            tokio::select! {
+                r = tokio::time::timeout_at(start + timeout, tenant.begin_run()) => match r {
+                    Ok(slot) => slot.map_err(limit_error)?,
+                    Err(_) => {
+                        return Err(ToolError::new(
+                            ErrorCode::Timeout,
+                            format!(
+                                "tool {:?} timed out after {} ms waiting for one of its \
+                                 tenant's runs in flight",
+                                meta.id,
+                                timeout.as_millis()
+                            ),
+                        ));
+                    }
+                },
+                _ = cancel.cancelled() => {
+                    return Err(ToolError::new(ErrorCode::Cancelled, "the call was cancelled"));
+                }
+            }
         } else {
             None
         };

@@ -20,7 +20,9 @@
 //! while it is full); the HTTP listener serves no health path (that is the admin port).
 //!
 //! The same [`Slots`] and [`PermitBody`] hold each tenant's own share after authentication
-//! (`auth.tenants.*.limits.open_rpcs`, `open_http_requests`: [`crate::auth`]).
+//! (`auth.tenants.*.limits.open_rpcs`, `open_http_requests`, else its default share,
+//! `auth.tenant_share_percent` of the bound: [`crate::auth`]), so that no one tenant can
+//! hold a whole bound.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -66,6 +68,15 @@ impl Slots {
     /// One slot, held until the permit drops; `None` when all are taken (never waits).
     pub fn try_take(&self) -> Option<OwnedSemaphorePermit> {
         self.sem.clone().try_acquire_owned().ok()
+    }
+
+    /// One slot, waiting for one to free when all are taken.
+    pub async fn take(&self) -> OwnedSemaphorePermit {
+        self.sem
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
     }
 
     /// Requests open now.

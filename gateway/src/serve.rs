@@ -351,7 +351,7 @@ pub fn effective_config(args: &ServeArgs) -> Result<Config, ConfigError> {
     config.validate()?;
     config
         .auth
-        .validate_open_requests(args.max_open_rpcs, args.max_open_http_requests)?;
+        .apply_front_door_bounds(args.max_open_rpcs, args.max_open_http_requests)?;
     Ok(config)
 }
 

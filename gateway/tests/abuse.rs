@@ -7,6 +7,7 @@
 //! bench --abuse` (README "Security testing").
 
 mod abuse_common;
+mod raw_http;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -205,28 +206,12 @@ impl tonic::codec::Decoder for Raw {
     }
 }
 
-/// One HTTP/1.1 POST on the MCP listener: status and body.
+/// One HTTP/1.1 POST on the MCP listener: status and body. The gateway may answer 413
+/// before reading it all (and close): not an error here.
 async fn post(addr: SocketAddr, path: &str, body: &[u8]) -> (u16, String) {
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(head.as_bytes()).await.unwrap();
-    // The gateway may answer 413 before reading it all (and close): not an error here.
-    let _ = s.write_all(body).await;
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut buf)).await;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP answer to {path}: {text:.300}"));
-    (status, body.to_string())
+    let head = raw_http::post_head(path, "", body.len());
+    let r = raw_http::exchange(addr, &head, body, raw_http::Expect::MayCloseEarly).await;
+    (r.status, r.text())
 }
 
 /// Junk on the gRPC port: the HTTP/2 frames the gateway sent back before closing.

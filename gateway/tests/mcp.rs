@@ -3,6 +3,7 @@
 //! the interpreter tests/run installs it into) and by raw HTTP for the wire-level refusals.
 //! SECURITY-CASES.md 53 (foreign Host/Origin) and 54 (oversized, malformed, batched bodies).
 
+mod raw_http;
 mod sandbox_common;
 
 use std::net::SocketAddr;
@@ -175,38 +176,19 @@ async fn run_script(url: &str, args: &[&str]) -> Value {
         .unwrap_or_else(|e| panic!("client.py {args:?} printed no JSON ({e}):\n{stdout}\n{stderr}"))
 }
 
-/// One raw HTTP/1.1 exchange (`Connection: close`): status, head, body.
+/// One raw HTTP/1.1 exchange (`Connection: close`, an answer required): status, head, body.
 async fn raw(addr: SocketAddr, head: String) -> (u16, String, Vec<u8>) {
     raw_with_body(addr, head, &[]).await
 }
 
 async fn raw_with_body(addr: SocketAddr, head: String, body: &[u8]) -> (u16, String, Vec<u8>) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(head.as_bytes()).await.unwrap();
-    s.write_all(body).await.unwrap();
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut buf))
-        .await
-        .expect("an answer within 30 s")
-        .unwrap();
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP answer: {text:?}"));
-    (status, head.to_string(), body.as_bytes().to_vec())
+    let r = raw_http::exchange(addr, &head, body, raw_http::Expect::Answer).await;
+    (r.status, r.head, r.body)
 }
 
 /// A POST to /mcp with `extra` header lines and a JSON body.
 fn post(extra: &str, body: &str) -> String {
-    format!(
-        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n\
-         {extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
+    format!("{}{body}", raw_http::post_head("/mcp", extra, body.len()))
 }
 
 const LIST: &str = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;

@@ -11,6 +11,7 @@
 //! likewise on the HTTP listener (`limits.open_http_requests`).
 
 mod abuse_common;
+mod raw_http;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -360,4 +361,149 @@ async fn a_tenant_holding_its_share_of_http_requests_leaves_the_others_served() 
     let (status, body) = until_served(gw.mcp, "/mcp", h).await;
     assert_eq!(status, 200, "{body}");
     assert!(still_held(&mut held[0]).await);
+}
+
+/// Two tenants with no limits of their own: each gets its default share of the server's
+/// bounds (`auth.tenant_share_percent`, 50% unless `percent` says otherwise).
+fn two_tenants(percent: Option<u8>) -> String {
+    let share = percent.map_or(String::new(), |p| format!("  tenant_share_percent: {p}\n"));
+    format!("auth:\n{share}  tenants:\n    a: {{}}\n    b: {{}}\n")
+}
+
+/// What tenant `b` gets while tenant `a`, with no limits of its own, holds every gRPC
+/// stream and HTTP request it is let open, on a gateway bounded at 8 of each.
+struct Flooded {
+    /// Streams and HTTP requests `a` got open.
+    a_streams: usize,
+    a_http: usize,
+    /// `a`'s refusals (gRPC message, HTTP body).
+    a_refused: (String, String),
+    /// `b`'s gRPC call and HTTP request meanwhile: ok, or the refusal.
+    b_call: Result<(), tonic::Status>,
+    b_http: (u16, String),
+}
+
+async fn flood_without_limits(percent: Option<u8>) -> Flooded {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys.yaml");
+    let a_key = create_key(&keys, "a", "a-1");
+    let b_key = create_key(&keys, "b", "b-1");
+    let gw = Gw::start(
+        dir,
+        &two_tenants(percent),
+        &[
+            "--api-keys",
+            keys.to_str().unwrap(),
+            "--max-open-rpcs",
+            "8",
+            "--max-open-http-requests",
+            "8",
+        ],
+    );
+    // gRPC: `a` opens streams over two connections until refused.
+    let mut a1 = gw.client(Some(&a_key)).await;
+    let mut a2 = gw.client(Some(&a_key)).await;
+    let mut held = Vec::new();
+    let a_grpc_refusal = loop {
+        let c = if held.len() % 2 == 0 {
+            &mut a1
+        } else {
+            &mut a2
+        };
+        match watch(c).await {
+            Ok(s) => held.push(s),
+            Err(e) => {
+                assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+                assert!(e.metadata().get("retry-after").is_some(), "{e:?}");
+                break e.message().to_string();
+            }
+        }
+        assert!(held.len() <= 8, "more streams than --max-open-rpcs");
+    };
+    // HTTP: `a` holds slow requests until refused (each admitted before the next probe).
+    let mut held_http = Vec::new();
+    let a_http_refusal = loop {
+        held_http.push(hold_http(gw.mcp, "/mcp", Some(&a_key)).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (status, head, body) = http_post(gw.mcp, "/mcp", Some(&a_key), MCP_INITIALIZE).await;
+        if status == 429 {
+            assert!(head.contains("retry-after: 1"), "{head}");
+            break body;
+        }
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            held_http.len() <= 8,
+            "more requests than --max-open-http-requests"
+        );
+    };
+    // Count what `a` really holds: the last probe may have lost the race to a slot that
+    // was still being taken.
+    let a_http = held_http.len();
+
+    let mut b = gw.client(Some(&b_key)).await;
+    let b_call = match b.call_tool(calc()).await {
+        Ok(r) => {
+            assert!(r.into_inner().result.unwrap().ok);
+            Ok(())
+        }
+        Err(e) => Err(e),
+    };
+    let (status, _, body) = http_post(gw.mcp, "/mcp", Some(&b_key), MCP_INITIALIZE).await;
+    for s in &mut held_http {
+        assert!(still_held(s).await, "a held request of a was answered");
+    }
+    Flooded {
+        a_streams: held.len(),
+        a_http,
+        a_refused: (a_grpc_refusal, a_http_refusal),
+        b_call,
+        b_http: (status, body),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_limits_of_its_own_a_tenant_holds_only_its_default_share() {
+    // Default share (50%): `a` holds 4 of the 8 streams and 4 of the 8 HTTP requests, is
+    // refused past them, saying it is its default share, and `b` is served.
+    let f = flood_without_limits(None).await;
+    assert_eq!((f.a_streams, f.a_http), (4, 4));
+    let (grpc, http) = &f.a_refused;
+    for text in [grpc, http] {
+        assert!(
+            text.contains("tenant \\\"a\\\"") || text.contains("tenant \"a\""),
+            "{text}"
+        );
+        assert!(
+            text.contains("default share: auth.tenant_share_percent 50%"),
+            "{text}"
+        );
+    }
+    assert!(grpc.contains("limits.open_rpcs of 4"), "{grpc}");
+    assert!(http.contains("limits.open_http_requests of 4"), "{http}");
+    f.b_call.expect("b's call while a holds its share");
+    assert_eq!(f.b_http.0, 200, "{}", f.b_http.1);
+
+    // Control: the same flood with a share of 100% fills the gateway's bounds, and `b`
+    // is refused on both front doors: the share is what kept it served.
+    let f = flood_without_limits(Some(100)).await;
+    assert_eq!((f.a_streams, f.a_http), (8, 8));
+    assert!(
+        f.a_refused.0.contains("--max-open-rpcs"),
+        "{:?}",
+        f.a_refused
+    );
+    assert!(
+        f.a_refused.1.contains("--max-open-http-requests"),
+        "{:?}",
+        f.a_refused
+    );
+    let e = f.b_call.expect_err("b is starved at a share of 100%");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("--max-open-rpcs"), "{e:?}");
+    assert_eq!(f.b_http.0, 429, "{}", f.b_http.1);
+    assert!(
+        f.b_http.1.contains("--max-open-http-requests"),
+        "{}",
+        f.b_http.1
+    );
 }

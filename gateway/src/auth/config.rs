@@ -24,7 +24,22 @@ pub struct AuthConfig {
     pub tenants: BTreeMap<String, TenantConfig>,
     /// Settings of a tenant that a key names but `tenants` does not list.
     pub default_tenant: TenantConfig,
+    /// Each tenant's default share, in percent (1..=100; default 50), of every server-wide
+    /// bound it sets no limit of its own for: `--max-open-rpcs` (`limits.open_rpcs`),
+    /// `--max-open-http-requests` (`limits.open_http_requests`),
+    /// `sandbox.max_concurrent_runs` when set (`limits.runs_in_flight`) and
+    /// `sessions.max_sessions` (`limits.sessions`). Below 100 no one tenant can hold a
+    /// whole bound and starve the others; 100 lets any tenant take all of it. Without
+    /// authentication (the anonymous tenant) there are no shares.
+    pub tenant_share_percent: u8,
+    /// The front doors' bounds, which are server flags rather than keys of the file (set
+    /// by [`AuthConfig::apply_front_door_bounds`]; their defaults otherwise).
+    #[serde(skip)]
+    pub front_doors: FrontDoorBounds,
 }
+
+/// The default of `auth.tenant_share_percent`.
+pub const DEFAULT_TENANT_SHARE_PERCENT: u8 = 50;
 
 impl Default for AuthConfig {
     fn default() -> Self {
@@ -33,6 +48,26 @@ impl Default for AuthConfig {
             reload_interval_seconds: 2,
             tenants: BTreeMap::new(),
             default_tenant: TenantConfig::default(),
+            tenant_share_percent: DEFAULT_TENANT_SHARE_PERCENT,
+            front_doors: FrontDoorBounds::default(),
+        }
+    }
+}
+
+/// The server's bounds on requests open at once, per front door.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrontDoorBounds {
+    /// `--max-open-rpcs`.
+    pub open_rpcs: usize,
+    /// `--max-open-http-requests`.
+    pub open_http_requests: usize,
+}
+
+impl Default for FrontDoorBounds {
+    fn default() -> Self {
+        FrontDoorBounds {
+            open_rpcs: crate::inflight::DEFAULT_MAX_OPEN_RPCS,
+            open_http_requests: crate::inflight::DEFAULT_MAX_OPEN_HTTP_REQUESTS,
         }
     }
 }
@@ -161,12 +196,15 @@ impl TlsConfig {
     }
 }
 
-/// A tenant's limits (unset: the server's own bound, or none).
+/// A tenant's limits (unset: its default share of the server's bound,
+/// `auth.tenant_share_percent`, or none where the server has no bound).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TenantLimits {
     /// Sandboxed runs (run_code, shell) running at once; one more is refused with
-    /// RESOURCE_EXHAUSTED (at most `sandbox.max_concurrent_runs` when that is set).
+    /// RESOURCE_EXHAUSTED (at most `sandbox.max_concurrent_runs` when that is set). Unset,
+    /// with `sandbox.max_concurrent_runs` set: the tenant's default share of it, where one
+    /// more run waits (within its timeout) instead of being refused.
     pub runs_in_flight: Option<u32>,
     /// Sessions open at once (at most `sessions.max_sessions`).
     pub sessions: Option<u32>,
@@ -218,6 +256,12 @@ impl AuthConfig {
                 message: format!("{} is out of range 1..=3600", self.reload_interval_seconds),
             });
         }
+        if !(1..=100).contains(&self.tenant_share_percent) {
+            return Err(ConfigError::Invalid {
+                key: "auth.tenant_share_percent".into(),
+                message: format!("{} is out of range 1..=100", self.tenant_share_percent),
+            });
+        }
         self.default_tenant
             .validate("auth.default_tenant", sessions, max_concurrent_runs)?;
         for (name, t) in &self.tenants {
@@ -264,9 +308,23 @@ impl AuthConfig {
 }
 
 impl AuthConfig {
-    /// Checks the tenants' shares of the front doors' bounds, which are server flags
-    /// (`--max-open-rpcs`, `--max-open-http-requests`) rather than keys of the file.
-    pub fn validate_open_requests(
+    /// Takes the front doors' bounds, which are server flags (`--max-open-rpcs`,
+    /// `--max-open-http-requests`) rather than keys of the file: the tenants' default
+    /// shares are taken of them, and each explicit share is checked against them.
+    pub fn apply_front_door_bounds(
+        &mut self,
+        max_open_rpcs: usize,
+        max_open_http_requests: usize,
+    ) -> Result<(), ConfigError> {
+        self.front_doors = FrontDoorBounds {
+            open_rpcs: max_open_rpcs,
+            open_http_requests: max_open_http_requests,
+        };
+        self.validate_open_requests(max_open_rpcs, max_open_http_requests)
+    }
+
+    /// Checks the tenants' explicit shares of the front doors' bounds.
+    fn validate_open_requests(
         &self,
         max_open_rpcs: usize,
         max_open_http_requests: usize,
@@ -294,7 +352,9 @@ impl AuthConfig {
             ] {
                 let Some(v) = value else { continue };
                 let message = if v == 0 {
-                    "0 is out of range 1.. (unset it for the server's bound alone)".to_string()
+                    "0 is out of range 1.. (unset it for the default share, \
+                     auth.tenant_share_percent)"
+                        .to_string()
                 } else if v as usize > server {
                     format!("{v} exceeds the server's {flag} ({server})")
                 } else {
@@ -416,6 +476,8 @@ mod tests {
                 "auth.default_tenant.limits.burst",
             ),
             ("reload_interval_seconds: 0", "auth.reload_interval_seconds"),
+            ("tenant_share_percent: 0", "auth.tenant_share_percent"),
+            ("tenant_share_percent: 101", "auth.tenant_share_percent"),
             ("tenants: {a: {limitz: {}}}", "auth.tenants.a"),
             (
                 "tenants: {a: {client_certs: [agent-a]}}",

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::OwnedSemaphorePermit;
 
 use super::config::TenantConfig;
 use crate::config::{ApprovalMode, Config};
@@ -32,9 +32,48 @@ pub struct Tenant {
     /// Workspace size of its sessions, MiB.
     pub workspace_size_mb: Option<u64>,
     rate: Option<(DefaultDirectRateLimiter, u32)>,
-    runs: Option<(Arc<Semaphore>, u32)>,
-    open_rpcs: Option<Slots>,
-    open_http: Option<Slots>,
+    runs: Option<Bound>,
+    open_rpcs: Option<Bound>,
+    open_http: Option<Bound>,
+}
+
+/// One of a tenant's bounds on things held at once, and where its size comes from.
+struct Bound {
+    slots: Slots,
+    /// `Some(percent)`: the tenant's default share of the server's bound
+    /// (`auth.tenant_share_percent`); `None`: its own `limits.*`.
+    share: Option<u8>,
+}
+
+impl Bound {
+    /// The tenant's `explicit` limit; without one, `percent` of the server's bound
+    /// `server` (at least 1); none at all with neither, or a share of 100%.
+    fn new(explicit: Option<u32>, server: Option<usize>, percent: u8) -> Option<Bound> {
+        let (limit, share) = match (explicit, server) {
+            (Some(n), server) => (server.map_or(n as usize, |s| (n as usize).min(s)), None),
+            (None, Some(server)) if percent < 100 => {
+                ((server * percent as usize / 100).max(1), Some(percent))
+            }
+            (None, _) => return None,
+        };
+        Some(Bound {
+            slots: Slots::new(limit),
+            share,
+        })
+    }
+
+    fn limit(&self) -> usize {
+        self.slots.limit()
+    }
+}
+
+/// How a refusal names a bound: ` (the default share, auth.tenant_share_percent 50% of
+/// --max-open-rpcs)` or nothing for the tenant's own limit.
+fn share_note(share: &Option<u8>, server: &str) -> String {
+    match share {
+        Some(p) => format!(" (its default share: auth.tenant_share_percent {p}% of {server})"),
+        None => String::new(),
+    }
 }
 
 /// A front door, for the tenant's share of its bound on requests open at once.
@@ -58,6 +97,13 @@ impl FrontDoor {
         match self {
             FrontDoor::Grpc => "open_rpcs",
             FrontDoor::Http => "open_http_requests",
+        }
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            FrontDoor::Grpc => "--max-open-rpcs",
+            FrontDoor::Http => "--max-open-http-requests",
         }
     }
 }
@@ -88,20 +134,24 @@ pub enum LimitError {
     },
     /// `runs_in_flight` sandboxed runs already running.
     #[error(
-        "tenant {tenant:?} already has {limit} sandboxed runs in flight (its runs_in_flight); \
-         retry when one finishes"
+        "tenant {tenant:?} already has {limit} sandboxed runs in flight (its \
+         limits.runs_in_flight{}); retry when one finishes",
+        share_note(share, "sandbox.max_concurrent_runs")
     )]
     Runs {
         /// The tenant.
         tenant: String,
         /// Its limit.
         limit: u32,
+        /// `Some(percent)`: the limit is the tenant's default share of the server's.
+        share: Option<u8>,
     },
     /// `open_rpcs` or `open_http_requests` requests already open on that front door.
     #[error(
-        "tenant {tenant:?} already has its limits.{} of {limit} {}; retry when one ends",
+        "tenant {tenant:?} already has its limits.{} of {limit} {}{}; retry when one ends",
         door.key(),
-        door.requests()
+        door.requests(),
+        share_note(share, door.flag())
     )]
     OpenRequests {
         /// The tenant.
@@ -110,6 +160,8 @@ pub enum LimitError {
         door: FrontDoor,
         /// Its limit there.
         limit: usize,
+        /// `Some(percent)`: the limit is the tenant's default share of the server's.
+        share: Option<u8>,
     },
 }
 
@@ -162,7 +214,10 @@ impl Tenant {
         })
     }
 
-    /// A tenant with `config`'s settings (already validated against the server's).
+    /// A tenant with `config`'s settings (already validated against the server's). A
+    /// bound of the server's the tenant sets no limit of its own for (open gRPC and HTTP
+    /// requests, sandboxed runs, sessions) is capped at its default share
+    /// (`auth.tenant_share_percent` of it), so that no one tenant can hold all of it.
     pub fn new(name: &str, config: &TenantConfig, server: &Config) -> Arc<Tenant> {
         let l = &config.limits;
         let rate = l
@@ -175,10 +230,8 @@ impl Tenant {
                     per_minute.get(),
                 )
             });
-        let runs_cap = match (l.runs_in_flight, server.sandbox.max_concurrent_runs) {
-            (Some(n), Some(server)) => Some(n.min(server as u32)),
-            (n, _) => n,
-        };
+        let percent = server.auth.tenant_share_percent;
+        let doors = &server.auth.front_doors;
         Arc::new(Tenant {
             name: name.to_string(),
             tools: config.tools.as_ref().map(|t| t.iter().cloned().collect()),
@@ -188,13 +241,23 @@ impl Tenant {
                 .filter(|c| !c.iter().any(|c| c == "*"))
                 .map(|c| c.iter().cloned().collect()),
             approval_mode: config.approval_mode,
-            max_sessions: l.sessions.map(|n| n as usize),
+            max_sessions: Bound::new(l.sessions, Some(server.sessions.max_sessions), percent)
+                .map(|b| b.limit()),
             workspace_size_mb: l.workspace_size_mb,
             rate,
-            runs: runs_cap.map(|n| (Arc::new(Semaphore::new(n as usize)), n)),
-            // At most the server's own bound (checked at startup: `validate_open_requests`).
-            open_rpcs: l.open_rpcs.map(|n| Slots::new(n as usize)),
-            open_http: l.open_http_requests.map(|n| Slots::new(n as usize)),
+            runs: Bound::new(
+                l.runs_in_flight,
+                server.sandbox.max_concurrent_runs,
+                percent,
+            ),
+            // An explicit share is at most the server's own bound (checked at startup:
+            // `AuthConfig::apply_front_door_bounds`).
+            open_rpcs: Bound::new(l.open_rpcs, Some(doors.open_rpcs), percent),
+            open_http: Bound::new(
+                l.open_http_requests,
+                Some(doors.open_http_requests),
+                percent,
+            ),
         })
     }
 
@@ -232,17 +295,26 @@ impl Tenant {
         })
     }
 
-    /// A slot for one sandboxed run, held until the permit drops.
-    pub fn begin_run(&self) -> Result<Option<OwnedSemaphorePermit>, LimitError> {
-        let Some((sem, limit)) = &self.runs else {
+    /// A slot for one sandboxed run, held until the permit drops. Over the tenant's own
+    /// `limits.runs_in_flight` a run is refused at once; at its default share of
+    /// `sandbox.max_concurrent_runs` it waits for a slot of the tenant's, as runs wait for
+    /// the server's (the caller bounds the wait by the call's timeout): a tenant's flood
+    /// then queues behind its own share rather than in front of other tenants' runs.
+    pub async fn begin_run(&self) -> Result<Option<OwnedSemaphorePermit>, LimitError> {
+        let Some(bound) = &self.runs else {
             return Ok(None);
         };
-        sem.clone()
-            .try_acquire_owned()
+        if bound.share.is_some() {
+            return Ok(Some(bound.slots.take().await));
+        }
+        bound
+            .slots
+            .try_take()
             .map(Some)
-            .map_err(|_| LimitError::Runs {
+            .ok_or_else(|| LimitError::Runs {
                 tenant: self.display_name().to_string(),
-                limit: *limit,
+                limit: bound.limit() as u32,
+                share: bound.share,
             })
     }
 }
@@ -254,21 +326,33 @@ impl Tenant {
         &self,
         door: FrontDoor,
     ) -> Result<Option<OwnedSemaphorePermit>, LimitError> {
-        let slots = match door {
+        let bound = match door {
             FrontDoor::Grpc => &self.open_rpcs,
             FrontDoor::Http => &self.open_http,
         };
-        let Some(slots) = slots else {
+        let Some(bound) = bound else {
             return Ok(None);
         };
-        slots
+        bound
+            .slots
             .try_take()
             .map(Some)
             .ok_or_else(|| LimitError::OpenRequests {
                 tenant: self.display_name().to_string(),
                 door,
-                limit: slots.limit(),
+                limit: bound.limit(),
+                share: bound.share,
             })
+    }
+
+    /// The tenant's bound on requests open on `door` (`None`: only the server's).
+    pub fn open_requests_limit(&self, door: FrontDoor) -> Option<usize> {
+        match door {
+            FrontDoor::Grpc => &self.open_rpcs,
+            FrontDoor::Http => &self.open_http,
+        }
+        .as_ref()
+        .map(Bound::limit)
     }
 }
 
@@ -277,8 +361,8 @@ mod tests {
     use super::*;
     use crate::auth::config::TenantLimits;
 
-    #[test]
-    fn limits_capabilities_and_tools() {
+    #[tokio::test]
+    async fn limits_capabilities_and_tools() {
         let cfg = TenantConfig {
             tools: Some(vec!["calculator".into()]),
             capabilities: Some(vec!["execute".into()]),
@@ -302,15 +386,20 @@ mod tests {
         let e = t.admit_call().unwrap_err();
         assert!(e.retry_after() > Duration::from_millis(500), "{e:?}");
         assert!(e.retry_after() <= Duration::from_secs(1), "{e:?}");
-        let held = t.begin_run().unwrap();
+        let held = t.begin_run().await.unwrap();
         assert!(matches!(
-            t.begin_run(),
+            t.begin_run().await,
             Err(LimitError::Runs { limit: 1, .. })
         ));
         drop(held);
-        assert!(t.begin_run().unwrap().is_some());
-        // No share of the front doors' bounds configured: nothing to hold.
-        assert!(t.open_request(FrontDoor::Grpc).unwrap().is_none());
+        assert!(t.begin_run().await.unwrap().is_some());
+        // No share of the front doors' bounds configured: the default share of the
+        // server's bound.
+        assert_eq!(
+            t.open_requests_limit(FrontDoor::Grpc),
+            Some(crate::inflight::DEFAULT_MAX_OPEN_RPCS / 2)
+        );
+        assert!(t.open_request(FrontDoor::Grpc).unwrap().is_some());
         let anon = Tenant::anonymous();
         assert!(anon.may_use("anything") && anon.missing_capability(&["network"]).is_none());
         for _ in 0..1000 {
@@ -341,7 +430,8 @@ mod tests {
             LimitError::OpenRequests {
                 tenant: "a".into(),
                 door: FrontDoor::Grpc,
-                limit: 2
+                limit: 2,
+                share: None,
             }
         );
         assert!(e.to_string().contains("limits.open_rpcs"), "{e}");
@@ -358,5 +448,94 @@ mod tests {
         drop((held, h));
         assert!(a.open_request(FrontDoor::Grpc).unwrap().is_some());
         assert!(a.open_request(FrontDoor::Http).unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_tenant_without_limits_gets_its_default_share_of_each_server_bound() {
+        let mut server = Config::from_yaml(
+            "sandbox: {max_concurrent_runs: 10}\nsessions: {max_sessions: 9}\n\
+             auth: {tenant_share_percent: 30}\n",
+        )
+        .unwrap();
+        server.auth.apply_front_door_bounds(20, 3).unwrap();
+        let t = Tenant::new("a", &TenantConfig::default(), &server);
+        assert_eq!(t.open_requests_limit(FrontDoor::Grpc), Some(6));
+        // 30% of 3 rounds down to 0: at least one.
+        assert_eq!(t.open_requests_limit(FrontDoor::Http), Some(1));
+        assert_eq!(t.max_sessions, Some(2));
+        // Runs at the share wait for a slot of the tenant's (as for the server's), rather
+        // than being refused; the wait ends when one of its runs does.
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            runs.push(t.begin_run().await.unwrap().unwrap());
+        }
+        let wait = tokio::time::timeout(Duration::from_millis(50), t.begin_run()).await;
+        assert!(wait.is_err(), "a fourth run waits");
+        let t2 = t.clone();
+        let waiting = tokio::spawn(async move { t2.begin_run().await.map(|p| p.is_some()) });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiting.is_finished());
+        drop(runs.pop());
+        let got = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("a freed slot ends the wait")
+            .unwrap();
+        assert_eq!(got, Ok(true));
+        let e = LimitError::Runs {
+            tenant: "a".into(),
+            limit: 3,
+            share: Some(30),
+        };
+        assert!(
+            e.to_string().contains(
+                "default share: auth.tenant_share_percent 30% of sandbox.max_concurrent_runs"
+            ),
+            "{e}"
+        );
+        drop(runs);
+        let held = t.open_request(FrontDoor::Http).unwrap().unwrap();
+        let e = t.open_request(FrontDoor::Http).unwrap_err().to_string();
+        assert!(
+            e.contains("limits.open_http_requests of 1")
+                && e.contains("30% of --max-open-http-requests"),
+            "{e}"
+        );
+        drop(held);
+        // An explicit limit wins over the share, in either direction.
+        let own = TenantConfig {
+            limits: TenantLimits {
+                open_rpcs: Some(20),
+                runs_in_flight: Some(1),
+                sessions: Some(9),
+                ..TenantLimits::default()
+            },
+            ..TenantConfig::default()
+        };
+        let t = Tenant::new("b", &own, &server);
+        assert_eq!(t.open_requests_limit(FrontDoor::Grpc), Some(20));
+        assert_eq!(t.max_sessions, Some(9));
+        let _run = t.begin_run().await.unwrap().unwrap();
+        assert_eq!(
+            t.begin_run().await.unwrap_err(),
+            LimitError::Runs {
+                tenant: "b".into(),
+                limit: 1,
+                share: None
+            }
+        );
+        // A share of 100%: no bound of the tenant's own; and no share of a bound the
+        // server does not set (sandbox.max_concurrent_runs unset).
+        server.auth.tenant_share_percent = 100;
+        let t = Tenant::new("c", &TenantConfig::default(), &server);
+        assert_eq!(t.open_requests_limit(FrontDoor::Grpc), None);
+        assert_eq!(t.max_sessions, None);
+        server.auth.tenant_share_percent = 50;
+        server.sandbox.max_concurrent_runs = None;
+        let t = Tenant::new("d", &TenantConfig::default(), &server);
+        assert!(t.begin_run().await.unwrap().is_none());
+        // The anonymous tenant (no authentication) has no shares at all.
+        let anon = Tenant::anonymous();
+        assert_eq!(anon.open_requests_limit(FrontDoor::Grpc), None);
+        assert!(anon.max_sessions.is_none());
     }
 }

@@ -20,6 +20,11 @@
 //! - `tenants`: tenant `flood` hammers calculator and run_code past its calls per minute
 //!   and runs in flight; tenant `quiet`'s calculator and run_code latencies beside its own
 //!   unloaded ones.
+//! - `shares`: two tenants without limits of their own at `--abuse-max-open-rpcs`: tenant
+//!   `a` opens streams until refused (its default share, `auth.tenant_share_percent`),
+//!   tenant `b`'s calculator latency beside its own before, and the streams `b` still
+//!   opens; the control: the same at a share of 100%, where `a` fills the bound and `b` is
+//!   refused.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -249,9 +254,14 @@ pub async fn run(args: &BenchArgs) -> Result<(), CliError> {
             "http" => http_held(args).await?,
             "flood" => flood(args).await?,
             "tenants" => tenants(args).await?,
+            "shares" => {
+                shares(args, None).await?;
+                shares(args, Some(100)).await?;
+            }
             other => {
                 return Err(usage(format!(
-                    "--abuse-scenarios: {other:?} is none of streams, http, flood, tenants"
+                    "--abuse-scenarios: {other:?} is none of streams, http, flood, tenants, \
+                     shares"
                 )));
             }
         }
@@ -1150,6 +1160,9 @@ async fn tenants(args: &BenchArgs) -> Result<(), CliError> {
     }
     drop(rss_stop);
     let rss_peak = rss_task.await.unwrap_or(0);
+    // What the gateway keeps once the flood is over (its calls answered, connections idle).
+    tokio::time::sleep(SETTLE).await;
+    let rss_after = gw.rss();
     let secs = calc.on_secs + runs.as_ref().map_or(0.0, |r| r.on_secs);
     let pair = |name: &str, m: Interleaved| {
         [
@@ -1177,10 +1190,128 @@ async fn tenants(args: &BenchArgs) -> Result<(), CliError> {
         json!({"abuse": "tenants", "flood_callers": flooders, "paced_per_sec": args.abuse_rate,
                "flood_seconds": (secs * 10.0).round() / 10.0,
                "flood_ok": ok, "flood_resource_exhausted": exhausted, "flood_other": other,
+               "flood_sent_per_sec": ((ok + exhausted + other) as f64 / secs).round(),
                "flood_refused_per_sec": (exhausted as f64 / secs).round(),
                "quiet_calculator_p99_ratio": ratio(&calc),
                "quiet_run_code_p99_ratio": runs.as_ref().map(ratio),
-               "gateway_rss_idle_kib": rss_idle, "gateway_rss_peak_kib": rss_peak}),
+               "gateway_rss_idle_kib": rss_idle, "gateway_rss_peak_kib": rss_peak,
+               "gateway_rss_after_kib": rss_after}),
+    );
+    drop(gw);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// Tenant `a`, without limits of its own, opens streams until refused; tenant `b`'s calls
+/// and streams meanwhile. `percent`: `auth.tenant_share_percent` (default: the gateway's).
+async fn shares(args: &BenchArgs, percent: Option<u8>) -> Result<(), CliError> {
+    let bound = args.abuse_max_open_rpcs;
+    let dir = std::env::temp_dir().join(format!("toolrun-bench-shares-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let keys = dir.join("keys.yaml");
+    let _ = std::fs::remove_file(&keys);
+    let a_key = crate::auth::keys::create(&keys, "a", Some("a")).map_err(usage)?;
+    let b_key = crate::auth::keys::create(&keys, "b", Some("b")).map_err(usage)?;
+    let share = percent.map_or(String::new(), |p| format!("  tenant_share_percent: {p}\n"));
+    let config = format!("auth:\n{share}  tenants:\n    a: {{}}\n    b: {{}}\n");
+    let label = percent.map_or("default share".to_string(), |p| format!("share {p}%"));
+    let gw = Gateway::start(
+        "shares",
+        &config,
+        &[
+            "--api-keys".into(),
+            keys.display().to_string(),
+            "--max-open-rpcs".into(),
+            bound.to_string(),
+        ],
+        false,
+    )
+    .await;
+    let gw = match gw {
+        Ok(gw) => gw,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+    };
+    let url = gw.url();
+    let mut b = connect(&url, Some(&b_key)).await?;
+    latencies(&mut b, "calculator", CALC, 50).await;
+    let t = Instant::now();
+    let alone = latencies(&mut b, "calculator", CALC, LATENCY_CALLS).await;
+    print_report(
+        &timed(
+            &format!("b calculator, alone ({label})"),
+            alone,
+            t.elapsed(),
+        ),
+        args.json,
+    );
+    let rss_idle = gw.rss();
+    // `a` asks for the whole bound, and 100 more, over enough connections.
+    let conns = (bound + 100).div_ceil(STREAMS_PER_CONNECTION);
+    let mut clients = Vec::with_capacity(conns);
+    for _ in 0..conns {
+        clients.push(connect(&url, Some(&a_key)).await?);
+    }
+    let t = Instant::now();
+    let (held, refused) = open_streams(&clients, bound + 100).await;
+    let open_ms = t.elapsed().as_millis();
+    let mut refusal = String::new();
+    if let Err(e) = clients[0]
+        .watch_approvals(pb::WatchApprovalsRequest {
+            session_id: String::new(),
+        })
+        .await
+    {
+        refusal = e.message().to_string();
+    }
+    let rss_held = gw.rss();
+    let t = Instant::now();
+    let during = latencies(&mut b, "calculator", CALC, LATENCY_CALLS).await;
+    let b_failures = during.1;
+    print_report(
+        &timed(
+            &format!("b calculator, a holding ({label})"),
+            during,
+            t.elapsed(),
+        ),
+        args.json,
+    );
+    // `b`'s own streams, on connections of its own, up to what is left.
+    let b_conns = (bound / 2 + 100).div_ceil(STREAMS_PER_CONNECTION);
+    let mut b_clients = Vec::with_capacity(b_conns);
+    for _ in 0..b_conns {
+        b_clients.push(connect(&url, Some(&b_key)).await?);
+    }
+    let (b_held, b_refused) = open_streams(&b_clients, bound / 2 + 100).await;
+    let rss_peak = gw.rss();
+    fact(
+        args.json,
+        json!({"abuse": "shares", "tenant_share_percent": percent.unwrap_or(
+                   crate::auth::config::DEFAULT_TENANT_SHARE_PERCENT),
+               "max_open_rpcs": bound, "a_asked": bound + 100, "a_held": held.len(),
+               "a_refused": refused, "a_refusal": refusal, "a_open_ms": open_ms,
+               "b_calculator_failures": b_failures,
+               "b_asked": bound / 2 + 100, "b_held": b_held.len(), "b_refused": b_refused,
+               "gateway_rss_idle_kib": rss_idle, "gateway_rss_a_held_kib": rss_held,
+               "gateway_rss_both_held_kib": rss_peak}),
+    );
+    drop((held, b_held, clients, b_clients));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let t = Instant::now();
+    let after = latencies(&mut b, "calculator", CALC, LATENCY_CALLS).await;
+    print_report(
+        &timed(
+            &format!("b calculator, released ({label})"),
+            after,
+            t.elapsed(),
+        ),
+        args.json,
+    );
+    fact(
+        args.json,
+        json!({"abuse": "shares released", "gateway_rss_after_kib": gw.rss()}),
     );
     drop(gw);
     let _ = std::fs::remove_dir_all(&dir);

@@ -1,5 +1,6 @@
 //! A `toolrun serve` child process for the load-and-abuse tests (`abuse.rs`,
-//! `tenant_isolation.rs`): loopback, ephemeral ports, no sandbox, its own state dir.
+//! `tenant_isolation.rs`): loopback, ephemeral ports, no sandbox, its own state dir. Each
+//! test file using it also declares `mod raw_http;` (the raw HTTP/1.1 client).
 
 #![allow(dead_code)]
 
@@ -11,6 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use toolrun::cli::{Client, connect};
 use toolrun_proto::v1 as pb;
+
+use crate::raw_http;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_toolrun");
 
@@ -162,12 +165,7 @@ pub fn pct(sorted: &[u64], p: f64) -> u64 {
 pub const MCP_INITIALIZE: &str = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#;
 
 fn http_head(path: &str, key: Option<&str>, len: usize) -> String {
-    let auth = key.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
-    format!(
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         Accept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2025-11-25\r\n\
-         {auth}Content-Length: {len}\r\nConnection: close\r\n\r\n"
-    )
+    raw_http::post_head(path, &raw_http::bearer(key), len)
 }
 
 /// A POST on the HTTP listener that stays open: its head announces a body of 1000 bytes
@@ -199,22 +197,15 @@ pub async fn http_post(
     key: Option<&str>,
     body: &str,
 ) -> (u16, String, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(http_head(path, key, body.len()).as_bytes())
-        .await
-        .unwrap();
-    let _ = s.write_all(body.as_bytes()).await;
-    let mut buf = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(30), s.read_to_end(&mut buf)).await;
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP answer to {path}: {text:.300}"));
-    (status, head.to_ascii_lowercase(), body.to_string())
+    let head = http_head(path, key, body.len());
+    let r = raw_http::exchange(
+        addr,
+        &head,
+        body.as_bytes(),
+        raw_http::Expect::MayCloseEarly,
+    )
+    .await;
+    (r.status, r.head.to_ascii_lowercase(), r.text())
 }
 
 /// Probes `path` with an MCP initialize until it is refused with `429` (the held requests

@@ -471,6 +471,16 @@ async fn default_render_matches_the_contract() {
             "0.0.0.0:9090",
             "--mcp-listen",
             "0.0.0.0:8080",
+            "--max-open-rpcs",
+            "16384",
+            "--max-open-http-requests",
+            "1024",
+            "--max-message-bytes",
+            "4194304",
+            "--max-concurrent-streams",
+            "1024",
+            "--drain-timeout-ms",
+            "10000",
             "--config",
             "/etc/toolrun/toolrun.yaml",
             "--api-keys",
@@ -508,8 +518,14 @@ async fn default_render_matches_the_contract() {
     let gw_cm = find(&objs, "ConfigMap", Some(NS), "toolrun-gateway");
     let gw_cfg =
         &helm::parse_manifests(gw_cm["data"]["toolrun.yaml"].as_str().unwrap()).unwrap()[0];
-    // The gateway's bound on runs in flight (gateway.maxRunsInFlight).
+    // The gateway's bound on runs in flight (gateway.maxRunsInFlight), and each tenant's
+    // default share of the bounds (gateway.auth.tenantSharePercent).
     assert_eq!(gw_cfg["sandbox"]["max_concurrent_runs"], 16, "{gw_cfg}");
+    assert_eq!(
+        gw_cfg["auth"],
+        json!({"tenant_share_percent": 50}),
+        "{gw_cfg}"
+    );
     assert_eq!(
         gw_cfg["mcp"],
         json!({
@@ -749,7 +765,8 @@ async fn auth_values_reach_the_secret_the_config_and_the_flags() {
         &helm::parse_manifests(gw_cm["data"]["toolrun.yaml"].as_str().unwrap()).unwrap()[0];
     assert_eq!(
         gw_cfg["auth"],
-        json!({"tenants": {"slow": {"limits": {"calls_per_minute": 6}}}, "default_tenant": {}})
+        json!({"tenants": {"slow": {"limits": {"calls_per_minute": 6}}}, "default_tenant": {},
+               "tenant_share_percent": 50})
     );
     // A Secret of one's own: mounted in place of the chart's, which is not made.
     let objs = render(
@@ -780,6 +797,71 @@ async fn auth_values_reach_the_secret_the_config_and_the_flags() {
         "--insecure-no-auth"
     );
     assert!(!has_keys_secret(&objs) && volume(&objs).is_none());
+}
+
+/// The value of `flag` in the gateway container's arguments.
+fn gateway_flag(objs: &[Value], flag: &str) -> Option<String> {
+    let args = find(objs, "Deployment", Some(NS), "toolrun-gateway")["spec"]["template"]["spec"]
+        ["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let i = args.iter().position(|a| a == flag)?;
+    Some(args.get(i + 1)?.as_str().unwrap().to_string())
+}
+
+#[tokio::test]
+async fn bound_values_reach_the_gateways_flags_and_config() {
+    let Some(helm) = helm_or_skip("bound_values_reach_the_gateways_flags_and_config") else {
+        return;
+    };
+    // Every bound flag of `toolrun serve` has its value, rendered as the flag.
+    let objs = render(
+        &helm,
+        &[
+            ("gateway.maxOpenRpcs", json!(20000)),
+            ("gateway.maxOpenHttpRequests", json!(64)),
+            ("gateway.maxMessageBytes", json!(1048576)),
+            ("gateway.maxConcurrentStreams", json!(200)),
+            ("gateway.drainTimeoutMs", json!(5000)),
+            ("gateway.auth.tenantSharePercent", json!(25)),
+            (
+                "gateway.auth.tenants",
+                json!({"big": {"limits": {"open_rpcs": 20000}}}),
+            ),
+        ],
+    )
+    .await
+    .unwrap();
+    for (flag, value) in [
+        ("--max-open-rpcs", "20000"),
+        ("--max-open-http-requests", "64"),
+        ("--max-message-bytes", "1048576"),
+        ("--max-concurrent-streams", "200"),
+        ("--drain-timeout-ms", "5000"),
+    ] {
+        assert_eq!(gateway_flag(&objs, flag).as_deref(), Some(value), "{flag}");
+    }
+    let cfg = gateway_config(&objs);
+    assert_eq!(cfg["auth"]["tenant_share_percent"], 25, "{cfg}");
+    assert_eq!(cfg["auth"]["tenants"]["big"]["limits"]["open_rpcs"], 20000);
+    // Large values stay integers (no 2e+06 in the arguments).
+    let objs = render(&helm, &[("gateway.maxOpenRpcs", json!(1000000))])
+        .await
+        .unwrap();
+    assert_eq!(
+        gateway_flag(&objs, "--max-open-rpcs").as_deref(),
+        Some("1000000")
+    );
+    // Control: without authentication there are no tenants, hence no shares in the config.
+    let objs = render(&helm, &[("gateway.auth.enabled", json!(false))])
+        .await
+        .unwrap();
+    assert!(gateway_config(&objs).get("auth").is_none());
+    assert_eq!(
+        gateway_flag(&objs, "--max-open-rpcs").as_deref(),
+        Some("16384")
+    );
 }
 
 #[tokio::test]
@@ -1014,6 +1096,16 @@ async fn values_reach_the_operator_config_and_the_pods() {
         [
             json!("--mcp-listen"),
             json!("0.0.0.0:8181"),
+            json!("--max-open-rpcs"),
+            json!("16384"),
+            json!("--max-open-http-requests"),
+            json!("1024"),
+            json!("--max-message-bytes"),
+            json!("4194304"),
+            json!("--max-concurrent-streams"),
+            json!("1024"),
+            json!("--drain-timeout-ms"),
+            json!("10000"),
             json!("--config"),
             json!("/etc/toolrun/toolrun.yaml"),
             json!("--api-keys"),
@@ -1058,6 +1150,8 @@ async fn values_reach_the_operator_config_and_the_pods() {
             ("languages.c", Value::Null),
             // Sessions put the relay into the gateway's config file too.
             ("sessions.enabled", json!(false)),
+            // And authentication its tenants' shares (auth.tenant_share_percent).
+            ("gateway.auth.enabled", json!(false)),
         ],
     )
     .await
@@ -1069,8 +1163,17 @@ async fn values_reach_the_operator_config_and_the_pods() {
         [
             json!("--mcp-listen"),
             json!("off"),
-            json!("--api-keys"),
-            json!("/etc/toolrun-keys/keys.yaml")
+            json!("--max-open-rpcs"),
+            json!("16384"),
+            json!("--max-open-http-requests"),
+            json!("1024"),
+            json!("--max-message-bytes"),
+            json!("4194304"),
+            json!("--max-concurrent-streams"),
+            json!("1024"),
+            json!("--drain-timeout-ms"),
+            json!("10000"),
+            json!("--insecure-no-auth")
         ]
     );
     assert_eq!(c["ports"].as_array().unwrap().len(), 2);
@@ -1306,6 +1409,30 @@ async fn bad_values_are_rejected_with_the_key_named() {
         (
             vec![("gateway.tls.secretName", json!("Not_A_Secret"))],
             "/gateway/tls/secretName",
+        ),
+        (
+            vec![("gateway.maxOpenRpcs", json!(0))],
+            "/gateway/maxOpenRpcs",
+        ),
+        (
+            vec![("gateway.maxOpenHttpRequests", json!(-1))],
+            "/gateway/maxOpenHttpRequests",
+        ),
+        (
+            vec![("gateway.maxMessageBytes", json!("4MiB"))],
+            "/gateway/maxMessageBytes",
+        ),
+        (
+            vec![("gateway.drainTimeoutMs", json!(30000))],
+            "/gateway/drainTimeoutMs",
+        ),
+        (
+            vec![("gateway.auth.tenantSharePercent", json!(0))],
+            "/gateway/auth/tenantSharePercent",
+        ),
+        (
+            vec![("gateway.auth.tenantSharePercent", json!(101))],
+            "/gateway/auth/tenantSharePercent",
         ),
         (
             vec![("gateway.config", json!({"tls": {"cert_file": "/x"}}))],

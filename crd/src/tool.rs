@@ -223,11 +223,12 @@ impl Tool {
 }
 
 /// Checks one entry of an image allow-list (the operator's `toolImages`, the gateway's
-/// `sandbox.kubernetes.toolImages`): an image reference as written (`toolrun/sandbox:0.1.0`,
+/// `sandbox.kubernetes.toolImages`): an image reference (`toolrun/sandbox:0.1.0`,
 /// `registry.example.com/tools/wc@sha256:...`), or a prefix ending in `/*` (every image
 /// under a registry or repository path), `:*` (every tag of one repository) or `@*` (every
 /// digest of one repository). Nothing else: a bare `*`, or `registry.example.com*` (which
-/// would also match `registry.example.com.evil.example/...`), is refused.
+/// would also match `registry.example.com.evil.example/...`), is refused, and so is an
+/// entry that is no image reference (`Python:3`, `a//b`).
 pub fn check_image_pattern(pattern: &str) -> Result<(), String> {
     if pattern.is_empty() || pattern.len() > 512 || pattern.contains(char::is_whitespace) {
         return Err(format!(
@@ -235,13 +236,13 @@ pub fn check_image_pattern(pattern: &str) -> Result<(), String> {
         ));
     }
     match pattern.find('*') {
-        None => Ok(()),
+        None => ImagePattern::parse(pattern).map(drop),
         Some(i)
             if i + 1 == pattern.len()
                 && i >= 2
                 && matches!(pattern.as_bytes()[i - 1], b'/' | b':' | b'@') =>
         {
-            Ok(())
+            ImagePattern::parse(pattern).map(drop)
         }
         Some(_) => Err(format!(
             "{pattern:?}: `*` may only end a prefix, after `/`, `:` or `@` \
@@ -250,18 +251,300 @@ pub fn check_image_pattern(pattern: &str) -> Result<(), String> {
     }
 }
 
-/// Whether `image` is allowed by `patterns` ([`check_image_pattern`]'s forms): equal to an
-/// entry, or starting with a prefix entry's text before its `*`. References are compared
-/// as written, without normalisation (`python:3` and `docker.io/library/python:3` are two
-/// entries). An empty list allows nothing.
+/// Whether `image` is allowed by `patterns` ([`check_image_pattern`]'s forms). Both sides
+/// are compared in the normal form Docker and containerd pull by
+/// ([`normalize_image`]: `python:3` is `docker.io/library/python:3`), so an entry matches
+/// however either is spelled: equal to an entry, or under a prefix entry (`/*`: the
+/// registry or repository path; `:*`: any tag of that repository; `@*`: any digest of it).
+/// A malformed image or entry matches nothing; an empty list allows nothing.
 pub fn image_allowed(patterns: &[String], image: &str) -> bool {
-    if image.is_empty() || image.contains(char::is_whitespace) {
+    let Ok(image) = normalize_image(image) else {
         return false;
+    };
+    patterns
+        .iter()
+        .filter_map(|p| ImagePattern::parse(p).ok())
+        .any(|p| match p {
+            ImagePattern::Exact(entry) => entry == image,
+            ImagePattern::Prefix(prefix) => {
+                image.len() > prefix.len() && image.starts_with(&prefix)
+            }
+        })
+}
+
+/// An allow-list entry in normal form.
+#[derive(Debug, PartialEq, Eq)]
+enum ImagePattern {
+    /// One image ([`normalize_image`]).
+    Exact(String),
+    /// Images whose normal form starts with this: `domain/path/` (`/*`),
+    /// `domain/path:` (`:*`) or `domain/path[:tag]@` (`@*`).
+    Prefix(String),
+}
+
+impl ImagePattern {
+    fn parse(pattern: &str) -> Result<Self, String> {
+        let bad = |why: String| format!("{pattern:?} is not an image reference: {why}");
+        if let Some(path) = pattern.strip_suffix("/*") {
+            // What precedes `/*` is followed by more components, so its first component is
+            // a registry when it looks like one, as in an image (`acme/*` is Docker Hub's
+            // `docker.io/acme/*`; `docker.io/*` and `index.docker.io/*` are all of it).
+            let (domain, path) = split_domain(path, true);
+            let domain = check_domain(domain).map_err(bad)?;
+            if !path.is_empty() {
+                check_path(path).map_err(bad)?;
+            }
+            let sep = if path.is_empty() { "" } else { "/" };
+            return Ok(ImagePattern::Prefix(format!("{domain}/{path}{sep}")));
+        }
+        if let Some(name) = pattern.strip_suffix(":*") {
+            let r = Reference::parse(name).map_err(bad)?;
+            if r.tag.is_some() || r.digest.is_some() {
+                return Err(bad(
+                    "`:*` follows a repository, without a tag or digest".into()
+                ));
+            }
+            return Ok(ImagePattern::Prefix(format!("{}/{}:", r.domain, r.path)));
+        }
+        if let Some(name) = pattern.strip_suffix("@*") {
+            let r = Reference::parse(name).map_err(bad)?;
+            if r.digest.is_some() {
+                return Err(bad("`@*` follows a repository, without a digest".into()));
+            }
+            let tag = r.tag.map_or_else(String::new, |t| format!(":{t}"));
+            return Ok(ImagePattern::Prefix(format!(
+                "{}/{}{tag}@",
+                r.domain, r.path
+            )));
+        }
+        Ok(ImagePattern::Exact(
+            Reference::parse(pattern).map_err(bad)?.normal(),
+        ))
     }
-    patterns.iter().any(|p| match p.strip_suffix('*') {
-        Some(prefix) => image.len() > prefix.len() && image.starts_with(prefix),
-        None => p == image,
+}
+
+/// `image` in the normal form Docker and containerd resolve it to (distribution's
+/// `ParseNormalizedNamed` with the default tag): a name without a registry is on
+/// `docker.io` (`index.docker.io` is the same), a one-component Docker Hub name is under
+/// `library/`, and a reference with neither tag nor digest means `:latest`. So
+/// `python:3`, `docker.io/python:3`, `index.docker.io/library/python:3` and
+/// `docker.io/library/python:3` are one image. Registry names are case-insensitive and
+/// lowercased; repository paths must already be lowercase, as Docker requires.
+pub fn normalize_image(image: &str) -> Result<String, String> {
+    Reference::parse(image)
+        .map(|r| r.normal())
+        .map_err(|why| format!("{image:?} is not an image reference: {why}"))
+}
+
+/// A parsed image reference: `[domain/]path[:tag][@digest]`, registry defaults applied.
+#[derive(Debug)]
+struct Reference<'a> {
+    domain: String,
+    path: String,
+    tag: Option<&'a str>,
+    digest: Option<&'a str>,
+}
+
+/// Docker Hub, as references name it.
+const DOCKER_HUB: &str = "docker.io";
+/// Docker Hub's legacy name, the same registry.
+const DOCKER_HUB_LEGACY: &str = "index.docker.io";
+/// The longest repository name distribution accepts.
+const MAX_NAME_LEN: usize = 255;
+
+impl<'a> Reference<'a> {
+    fn parse(text: &'a str) -> Result<Self, String> {
+        if text.is_empty() || text.len() > 512 || text.contains(char::is_whitespace) {
+            return Err("1-512 characters, no spaces".into());
+        }
+        let (rest, digest) = match text.split_once('@') {
+            Some((rest, digest)) => (rest, Some(check_digest(digest)?)),
+            None => (text, None),
+        };
+        // A tag follows the last `:` after the last `/` (before it, `:` is a port).
+        let after_slash = rest.rfind('/').map_or(0, |i| i + 1);
+        let (name, tag) = match rest[after_slash..].rfind(':') {
+            Some(i) => {
+                let (name, tag) = rest.split_at(after_slash + i);
+                (name, Some(check_tag(&tag[1..])?))
+            }
+            None => (rest, None),
+        };
+        if name.len() > MAX_NAME_LEN {
+            return Err(format!("the name is longer than {MAX_NAME_LEN} characters"));
+        }
+        let (domain, path) = split_domain(name, false);
+        let domain = check_domain(domain)?;
+        check_path(path)?;
+        let path = if domain == DOCKER_HUB && !path.contains('/') {
+            format!("library/{path}")
+        } else {
+            path.to_string()
+        };
+        Ok(Reference {
+            domain,
+            path,
+            tag,
+            digest,
+        })
+    }
+
+    /// `domain/path[:tag][@digest]`, `:latest` when neither is given.
+    fn normal(&self) -> String {
+        let mut s = format!("{}/{}", self.domain, self.path);
+        match (self.tag, self.digest) {
+            (None, None) => s.push_str(":latest"),
+            (tag, digest) => {
+                if let Some(t) = tag {
+                    s.push(':');
+                    s.push_str(t);
+                }
+                if let Some(d) = digest {
+                    s.push('@');
+                    s.push_str(d);
+                }
+            }
+        }
+        s
+    }
+}
+
+/// The registry part of `name` and the rest (distribution's `splitDockerDomain`): the
+/// first component is a registry when more follow (or `more` says they will) and it has a
+/// `.` or `:`, is `localhost`, or has an uppercase letter; otherwise the registry is Docker
+/// Hub.
+fn split_domain(name: &str, more: bool) -> (&str, &str) {
+    let (first, rest) = match name.split_once('/') {
+        Some((first, rest)) => (first, rest),
+        None if more => (name, ""),
+        None => return (DOCKER_HUB, name),
+    };
+    if first.contains(['.', ':']) || first == "localhost" || first.contains(char::is_uppercase) {
+        (first, rest)
+    } else {
+        (DOCKER_HUB, name)
+    }
+}
+
+/// A registry host (name or `[IPv6]`) with an optional port, lowercased, Docker Hub's
+/// legacy name replaced by its own.
+fn check_domain(domain: &str) -> Result<String, String> {
+    // `[v6]` or `name`, then `:port` or nothing.
+    let host_end = match domain.starts_with('[') {
+        true => domain.find(']').map_or(domain.len(), |i| i + 1),
+        false => domain.find(':').unwrap_or(domain.len()),
+    };
+    let (host, port) = domain.split_at(host_end);
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host.split('.').all(|label| {
+                    !label.is_empty()
+                        && !label.starts_with('-')
+                        && !label.ends_with('-')
+                        && label
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                })
+        }
+    };
+    let port_ok = port.is_empty()
+        || port
+            .strip_prefix(':')
+            .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    if !host_ok || !port_ok {
+        return Err(format!("{domain:?} is not a registry host[:port]"));
+    }
+    let domain = domain.to_ascii_lowercase();
+    Ok(if domain == DOCKER_HUB_LEGACY {
+        DOCKER_HUB.into()
+    } else {
+        domain
     })
+}
+
+/// Repository path components: lowercase letters and digits, joined inside a component by
+/// one `.`, one or two `_`, or any number of `-`.
+fn check_path(path: &str) -> Result<(), String> {
+    let component_ok = |c: &str| {
+        let b = c.as_bytes();
+        let alnum = |x: u8| x.is_ascii_lowercase() || x.is_ascii_digit();
+        if b.is_empty() || !alnum(b[0]) || !alnum(b[b.len() - 1]) {
+            return false;
+        }
+        let mut i = 0;
+        while i < b.len() {
+            if alnum(b[i]) {
+                i += 1;
+                continue;
+            }
+            let run = b[i..].iter().take_while(|&&x| !alnum(x)).count();
+            let sep = &c[i..i + run];
+            if !(sep == "." || sep == "_" || sep == "__" || sep.bytes().all(|x| x == b'-')) {
+                return false;
+            }
+            i += run;
+        }
+        true
+    };
+    if path.split('/').all(component_ok) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{path:?} is not a repository path (lowercase letters and digits, components \
+             joined by `/`, separated inside by `.`, `_`, `__` or `-`)"
+        ))
+    }
+}
+
+/// A tag: a letter, digit or `_`, then up to 127 of those, `.` and `-`.
+fn check_tag(tag: &str) -> Result<&str, String> {
+    let b = tag.as_bytes();
+    let word = |x: u8| x.is_ascii_alphanumeric() || x == b'_';
+    if !b.is_empty()
+        && b.len() <= 128
+        && word(b[0])
+        && b[1..].iter().all(|&x| word(x) || x == b'.' || x == b'-')
+    {
+        Ok(tag)
+    } else {
+        Err(format!("{tag:?} is not a tag"))
+    }
+}
+
+/// A digest `algorithm:encoded` (OCI's grammar); a `sha256` one is 64 lowercase hex
+/// digits, a `sha512` one 128, as registries and runtimes require.
+fn check_digest(digest: &str) -> Result<&str, String> {
+    let bad = || format!("{digest:?} is not a digest (algorithm:hex, e.g. sha256:<64 hex>)");
+    let (algorithm, encoded) = digest.split_once(':').ok_or_else(bad)?;
+    let alg_ok = !algorithm.is_empty()
+        && algorithm.split(['+', '.', '_', '-']).all(|c| {
+            !c.is_empty()
+                && c.bytes()
+                    .all(|x| x.is_ascii_lowercase() || x.is_ascii_digit())
+        });
+    let hex = |n: usize| {
+        encoded.len() == n
+            && encoded
+                .bytes()
+                .all(|x| x.is_ascii_digit() || (b'a'..=b'f').contains(&x))
+    };
+    let enc_ok = match algorithm {
+        "sha256" => hex(64),
+        "sha512" => hex(128),
+        _ => {
+            !encoded.is_empty()
+                && encoded
+                    .bytes()
+                    .all(|x| x.is_ascii_alphanumeric() || matches!(x, b'=' | b'_' | b'-'))
+        }
+    };
+    if alg_ok && enc_ok {
+        Ok(digest)
+    } else {
+        Err(bad())
+    }
 }
 
 /// A language name (built in or configured), as ToolRun's `spec.language`.
@@ -406,6 +689,8 @@ mod tests {
 
     #[test]
     fn image_allow_lists_match_exactly_or_by_an_anchored_prefix() {
+        let d1 = format!("sha256:{}", "a".repeat(64));
+        let d2 = format!("sha256:{}", "b".repeat(64));
         let list: Vec<String> = [
             "toolrun/sandbox:0.1.0",
             "registry.example.com/tools/*",
@@ -419,31 +704,39 @@ mod tests {
         }
         for allowed in [
             "toolrun/sandbox:0.1.0",
+            "docker.io/toolrun/sandbox:0.1.0",
             "registry.example.com/tools/wc:1",
-            "registry.example.com/tools/a/b@sha256:00",
+            &format!("registry.example.com/tools/a/b@{d1}"),
             "python:3.12-slim",
-            "ghcr.io/acme/wc@sha256:abcd",
+            "docker.io/library/python:3",
+            "index.docker.io/library/python:3",
+            // No tag is `:latest`, a tag of python.
+            "python",
+            &format!("ghcr.io/acme/wc@{d1}"),
         ] {
             assert!(image_allowed(&list, allowed), "{allowed} refused");
         }
         for refused in [
             // Another tag, another repository, the registry's name extended, a prefix
-            // without anything after it, spelled with another registry, blank.
+            // without anything after it, another registry, not a reference, blank.
             "toolrun/sandbox:0.1.1",
             "toolrun/sandbox",
             "toolrun/sandbox:0.1.0 ",
             "registry.example.com/toolsx/wc:1",
             "registry.example.com.evil.example/tools/wc:1",
             "registry.example.com/tools/",
-            "python",
-            "docker.io/library/python:3",
+            "evil.io/library/python:3",
+            "ghcr.io/library/python:3",
             "ghcr.io/acme/wc:1",
+            &format!("python@{d1}"),
+            "registry.example.com/tools/WC:1",
             "",
         ] {
             assert!(!image_allowed(&list, refused), "{refused:?} allowed");
         }
         // The default, an empty list, allows nothing.
         assert!(!image_allowed(&[], "toolrun/sandbox:0.1.0"));
+        assert!(!image_allowed(&[], &d2));
         for bad in [
             "*",
             "",
@@ -453,8 +746,149 @@ mod tests {
             "python:3*",
             "/*",
             "**",
+            // Not references: uppercase repository, empty component, bad tag or digest.
+            "Python:3",
+            "a//b",
+            "python:3:*",
+            "python:-3",
+            "python@sha256:abc",
+            &format!("python@{d1}@*"),
+            "registry.example.com:port/x",
         ] {
             assert!(check_image_pattern(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    /// Pairs of references that name one image (Docker's and containerd's defaults), and
+    /// pairs that must not.
+    #[test]
+    fn references_are_compared_in_docker_s_normal_form() {
+        let d1 = format!("sha256:{}", "a".repeat(64));
+        let d2 = format!("sha256:{}", "b".repeat(64));
+        let same = [
+            ("python:3", "docker.io/library/python:3"),
+            ("python:3", "index.docker.io/library/python:3"),
+            ("python:3", "docker.io/python:3"),
+            ("python", "python:latest"),
+            ("python", "docker.io/library/python:latest"),
+            ("acme/tool:1", "docker.io/acme/tool:1"),
+            ("acme/tool:1", "index.docker.io/acme/tool:1"),
+            (
+                "REGISTRY.example.com/tools/wc:1",
+                "registry.example.com/tools/wc:1",
+            ),
+            ("localhost:5000/wc", "localhost:5000/wc:latest"),
+            ("localhost/wc:1", "localhost/wc:1"),
+            ("[::1]:5000/wc:1", "[::1]:5000/wc:1"),
+            (
+                &format!("python@{d1}"),
+                &format!("docker.io/library/python@{d1}"),
+            ),
+            (
+                &format!("python:3@{d1}"),
+                &format!("docker.io/library/python:3@{d1}"),
+            ),
+        ];
+        for (a, b) in same {
+            assert_eq!(normalize_image(a).unwrap(), normalize_image(b).unwrap());
+            assert!(image_allowed(&[a.to_string()], b), "entry {a} refused {b}");
+            assert!(image_allowed(&[b.to_string()], a), "entry {b} refused {a}");
+        }
+        assert_eq!(
+            normalize_image("python:3").unwrap(),
+            "docker.io/library/python:3"
+        );
+        let different = [
+            // Another registry with the same path, Docker Hub's namespace spelled by another.
+            ("python:3", "evil.io/library/python:3"),
+            ("python:3", "evil.io/python:3"),
+            ("python:3", "library.io/python:3"),
+            // Another tag, a tag's extension, the default tag against a named one.
+            ("python:3", "python:3.12"),
+            ("python:3", "python"),
+            ("python:latest", "python:Latest"),
+            // A digest is not a tag, and two digests are two images.
+            ("python:3", &format!("python@{d1}")),
+            (&format!("python@{d1}"), &format!("python:3@{d1}")),
+            (&format!("python@{d1}"), &format!("python@{d2}")),
+            // Namespaces and registries: `acme/x` is Docker Hub's, not a registry `acme`.
+            ("acme/tool:1", "acme.io/tool:1"),
+            ("library/tool:1", "tool:2"),
+            ("localhost:5000/wc", "localhost:5001/wc"),
+            ("localhost:5000/wc", "docker.io/library/localhost:5000"),
+            ("registry.example.com/wc:1", "registry.example.com:443/wc:1"),
+        ];
+        for (a, b) in different {
+            assert!(!image_allowed(&[a.to_string()], b), "entry {a} allowed {b}");
+            assert!(!image_allowed(&[b.to_string()], a), "entry {b} allowed {a}");
+        }
+    }
+
+    /// Prefix entries keep their meaning in the normal form: `/*` a registry or path, `:*`
+    /// one repository's tags, `@*` its digests.
+    #[test]
+    fn prefix_entries_are_normalised_too() {
+        let d1 = format!("sha256:{}", "a".repeat(64));
+        let cases: &[(&str, &[&str], &[&str])] = &[
+            (
+                "docker.io/*",
+                &["python:3", "acme/tool", "index.docker.io/x/y:1"],
+                &["ghcr.io/acme/tool:1", "docker.io.evil.io/x:1"],
+            ),
+            (
+                "index.docker.io/*",
+                &["python:3", "docker.io/acme/tool:1"],
+                &["ghcr.io/python:3"],
+            ),
+            (
+                "library/*",
+                &[
+                    "python:3",
+                    "docker.io/library/busybox",
+                    &format!("alpine@{d1}"),
+                ],
+                &["acme/python:3", "evil.io/library/python:3"],
+            ),
+            (
+                "acme/*",
+                &[
+                    "acme/tool:1",
+                    "docker.io/acme/a/b:2",
+                    "index.docker.io/acme/tool",
+                ],
+                &["acme:1", "acmex/tool:1", "acme.io/tool:1"],
+            ),
+            (
+                "registry.example.com/*",
+                &["registry.example.com/wc:1", "REGISTRY.EXAMPLE.COM/a/b"],
+                &[
+                    "registry.example.com.evil.io/wc:1",
+                    "registry.example.com:5000/wc:1",
+                ],
+            ),
+            (
+                "docker.io/library/python:*",
+                &["python:3", "python", "index.docker.io/python:3.12"],
+                &[&format!("python@{d1}"), "pythonx:3", "acme/python:3"],
+            ),
+            (
+                "python@*",
+                &[
+                    &format!("python@{d1}"),
+                    &format!("docker.io/library/python@{d1}"),
+                ],
+                &["python:3", "python", &format!("acme/python@{d1}")],
+            ),
+        ];
+        for (pattern, allowed, refused) in cases {
+            check_image_pattern(pattern).unwrap();
+            let list = [pattern.to_string()];
+            for image in *allowed {
+                assert!(image_allowed(&list, image), "{pattern} refused {image}");
+            }
+            for image in *refused {
+                assert!(!image_allowed(&list, image), "{pattern} allowed {image}");
+            }
         }
     }
 

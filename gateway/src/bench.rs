@@ -369,62 +369,26 @@ async fn inline_scenario(
     Ok(report(tool, concurrency, all, failures, start.elapsed()))
 }
 
-/// `tools/call` of `echo` over MCP: each of `concurrency` clients initializes once and
-/// then posts calls on its own keep-alive connection, as an MCP client does.
+/// `tools/call` of `echo` over MCP: each of `concurrency` clients opens its own HTTP/1.1
+/// connection, initializes once and then posts its calls on it, as an MCP client does (no
+/// pool shared between callers: a shared pool races new connections against ones being
+/// returned, and its lock is the callers' in common).
 async fn mcp_scenario(
     url: &str,
     key: Option<&str>,
     concurrency: usize,
     seconds: f64,
 ) -> Result<Report, CliError> {
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
-
     let uri: http::Uri = url
         .parse()
         .map_err(|e| CliError::Usage(format!("--mcp-url {url:?}: {e}")))?;
-    let client: Client<_, Full<bytes::Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(concurrency)
-        .build_http();
+    let (Some(authority), Some("http") | None) = (uri.authority().cloned(), uri.scheme_str())
+    else {
+        return Err(CliError::Usage(format!(
+            "--mcp-url {url:?}: an http:// URL with a host"
+        )));
+    };
     let bearer = key.map(|k| format!("Bearer {k}"));
-    let post =
-        move |client: Client<_, Full<bytes::Bytes>>, session: Option<String>, body: String| {
-            let uri = uri.clone();
-            let bearer = bearer.clone();
-            async move {
-                let mut req = http::Request::post(uri)
-                    .header(http::header::CONTENT_TYPE, "application/json")
-                    .header(http::header::ACCEPT, "application/json, text/event-stream")
-                    .header("mcp-protocol-version", "2025-11-25");
-                if let Some(s) = &session {
-                    req = req.header("mcp-session-id", s);
-                }
-                if let Some(b) = &bearer {
-                    req = req.header(http::header::AUTHORIZATION, b);
-                }
-                let req = req
-                    .body(Full::new(bytes::Bytes::from(body)))
-                    .map_err(|e| e.to_string())?;
-                let resp = client.request(req).await.map_err(|e| e.to_string())?;
-                let status = resp.status();
-                let session = resp
-                    .headers()
-                    .get("mcp-session-id")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_string);
-                let body = resp
-                    .into_body()
-                    .collect()
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .to_bytes();
-                if !status.is_success() {
-                    return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&body)));
-                }
-                Ok::<_, String>((session, body))
-            }
-        };
     let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
         "protocolVersion": "2025-11-25", "capabilities": {},
         "clientInfo": {"name": "toolrun-bench", "version": env!("CARGO_PKG_VERSION")}}})
@@ -434,15 +398,20 @@ async fn mcp_scenario(
     let mut tasks = Vec::with_capacity(concurrency);
     let start = Instant::now();
     for _ in 0..concurrency {
-        let (client, post, init) = (client.clone(), post.clone(), init.clone());
+        let (uri, authority, bearer, init) =
+            (uri.clone(), authority.clone(), bearer.clone(), init.clone());
         tasks.push(tokio::spawn(async move {
-            let session = match post(client.clone(), None, init).await {
-                Ok((session, _)) => session,
+            let mut client = match McpConnection::open(uri, authority, bearer).await {
+                Ok(c) => c,
                 Err(e) => {
-                    eprintln!("MCP initialize failed: {e}");
+                    eprintln!("MCP connection failed: {e}");
                     return (Vec::new(), 1);
                 }
             };
+            if let Err(e) = client.post(init).await {
+                eprintln!("MCP initialize failed: {e}");
+                return (Vec::new(), 1);
+            }
             let mut lat = Vec::with_capacity(4096);
             let mut failures = 0usize;
             let mut id = 0u64;
@@ -452,9 +421,9 @@ async fn mcp_scenario(
                     r#"{{"jsonrpc":"2.0","id":{id},"method":"tools/call","params":{{"name":"echo","arguments":{{"message":"hello"}}}}}}"#
                 );
                 let t = Instant::now();
-                let r = post(client.clone(), session.clone(), body).await;
+                let r = client.post(body).await;
                 lat.push(t.elapsed().as_micros() as u64);
-                let ok = r.as_ref().is_ok_and(|(_, b)| {
+                let ok = r.as_ref().is_ok_and(|b| {
                     let b = String::from_utf8_lossy(b);
                     b.contains(r#""isError":false"#) && b.contains("hello")
                 });
@@ -474,6 +443,86 @@ async fn mcp_scenario(
         failures,
         start.elapsed(),
     ))
+}
+
+/// One MCP client's HTTP/1.1 connection (keep-alive), its `Mcp-Session-Id` once
+/// `initialize` answered one.
+struct McpConnection {
+    sender: hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>,
+    uri: http::Uri,
+    authority: http::uri::Authority,
+    bearer: Option<String>,
+    session: Option<String>,
+}
+
+impl McpConnection {
+    async fn open(
+        uri: http::Uri,
+        authority: http::uri::Authority,
+        bearer: Option<String>,
+    ) -> Result<Self, String> {
+        let port = authority.port_u16().unwrap_or(80);
+        let tcp = tokio::net::TcpStream::connect((authority.host(), port))
+            .await
+            .map_err(|e| format!("{authority}: {e}"))?;
+        let _ = tcp.set_nodelay(true);
+        let (sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+                .await
+                .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        Ok(McpConnection {
+            sender,
+            uri,
+            authority,
+            bearer,
+            session: None,
+        })
+    }
+
+    /// POSTs `body`; the answer's body, or why there is none.
+    async fn post(&mut self, body: String) -> Result<bytes::Bytes, String> {
+        use http_body_util::BodyExt;
+        let path = self.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut req = http::Request::post(path)
+            .header(http::header::HOST, self.authority.as_str())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::ACCEPT, "application/json, text/event-stream")
+            .header("mcp-protocol-version", "2025-11-25");
+        if let Some(s) = &self.session {
+            req = req.header("mcp-session-id", s);
+        }
+        if let Some(b) = &self.bearer {
+            req = req.header(http::header::AUTHORIZATION, b);
+        }
+        let req = req
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        self.sender.ready().await.map_err(|e| e.to_string())?;
+        let resp = self
+            .sender
+            .send_request(req)
+            .await
+            .map_err(|e| e.to_string())?;
+        let status = resp.status();
+        if let Some(s) = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        {
+            self.session = Some(s.to_string());
+        }
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(format!("HTTP {status}: {}", String::from_utf8_lossy(&body)));
+        }
+        Ok(body)
+    }
 }
 
 async fn sandbox_scenario(

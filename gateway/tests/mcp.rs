@@ -708,3 +708,126 @@ async fn provider_endpoint_is_served_on_the_same_listener_behind_the_same_guard(
     let (status, _, body) = raw(gw.mcp, request("evil.example")).await;
     assert_eq!(status, 403, "{}", String::from_utf8_lossy(&body));
 }
+
+/// A `tools/call` answered by the gateway's direct path (a plain call at a handshake
+/// version) and the same call through rmcp (a progress token in `_meta` sends it there) get
+/// the same answer: result, tool failure and unknown tool alike, number and string ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_call_gets_the_answer_rmcp_gives() {
+    let gw = Gw::new("{}").await;
+    // The call id and the duration differ from call to call.
+    let answer = |body: &[u8]| {
+        let mut v = body_json(body);
+        if let Some(meta) = v["result"]["_meta"].as_object_mut() {
+            assert!(meta.remove("toolrun.dev/call_id").is_some(), "{meta:?}");
+            assert!(meta.remove("toolrun.dev/duration_us").is_some(), "{meta:?}");
+        }
+        v
+    };
+    for (id, params) in [
+        (
+            json!(3),
+            json!({"name": "calculator", "arguments": {"expression": "6*7"}}),
+        ),
+        (
+            json!("a-1"),
+            json!({"name": "calculator", "arguments": {"expression": 7}}),
+        ),
+        (
+            json!(4),
+            json!({"name": "echo", "arguments": {"message": "hé \"x\""}}),
+        ),
+        (json!(5), json!({"name": "no_such_tool", "arguments": {}})),
+    ] {
+        let direct = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params});
+        let mut through_rmcp = direct.clone();
+        through_rmcp["params"]["_meta"] = json!({"progressToken": "p"});
+        let (s1, h1, b1) = raw(gw.mcp, post("", &direct.to_string())).await;
+        let (s2, h2, b2) = raw(gw.mcp, post("", &through_rmcp.to_string())).await;
+        assert_eq!((s1, s2), (200, 200), "{h1}\n{h2}");
+        for h in [&h1, &h2] {
+            assert!(
+                h.to_ascii_lowercase()
+                    .contains("content-type: application/json"),
+                "{h}"
+            );
+        }
+        let (a1, a2) = (answer(&b1), answer(&b2));
+        assert_eq!(a1, a2, "{params}");
+        assert_eq!(a1["id"], id, "{a1}");
+    }
+}
+
+/// A plain call (answered by the direct path) is cancelled by the client's
+/// `notifications/cancelled` like one rmcp runs: the run is killed before it writes its
+/// file; the control, not cancelled, writes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_call_is_cancelled_by_notification() {
+    let gw = Gw::new("{}").await;
+    let sid = gw.session(pb::ApprovalMode::All).await;
+    let ws = gw.state.join("workspaces").join(&sid);
+    let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"}}});
+    let (status, head, _) = raw(gw.mcp, post("", &init.to_string())).await;
+    assert_eq!(status, 200, "{head}");
+    let client = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| v.trim().to_string())
+        })
+        .unwrap_or_else(|| panic!("no Mcp-Session-Id: {head}"));
+    let extra = format!("Mcp-Session-Id: {client}\r\ntoolrun-session-id: {sid}\r\n");
+    let late = |name: &str| {
+        let code =
+            format!("import time\ntime.sleep(4)\nopen('/workspace/{name}', 'w').write('x')\n");
+        json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+            "name": "run_code", "arguments": {"language": "python", "code": code}}})
+        .to_string()
+    };
+    // The control: not cancelled, the program writes its file.
+    let (status, _, body) = raw(gw.mcp, post(&extra, &late("late-control.txt"))).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        body_json(&body)["result"]["isError"],
+        false,
+        "{}",
+        String::from_utf8_lossy(&body)
+    );
+    assert!(ws.join("late-control.txt").is_file());
+    let cancelled_before = gw.calls("run_code", "CANCELLED").await;
+    let call = tokio::spawn({
+        let (addr, head) = (gw.mcp, post(&extra, &late("late-direct.txt")));
+        async move { raw(addr, head).await }
+    });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 7, "reason": "test"}});
+    let t = std::time::Instant::now();
+    let (status, _, _) = raw(gw.mcp, post(&extra, &cancel.to_string())).await;
+    assert_eq!(status, 202);
+    let (status, _, body) = call.await.unwrap();
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "answered {:?} after the cancel",
+        t.elapsed()
+    );
+    assert_eq!(status, 200);
+    let answer = body_json(&body);
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    assert_eq!(
+        answer["result"]["structuredContent"]["error"]["code"], "CANCELLED",
+        "{answer}"
+    );
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        !ws.join("late-direct.txt").exists(),
+        "the cancelled run wrote its file"
+    );
+    assert_eq!(
+        gw.calls("run_code", "CANCELLED").await - cancelled_before,
+        1
+    );
+}

@@ -27,7 +27,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use http::{HeaderValue, Method, StatusCode};
-use rmcp::model::RequestId;
+use rmcp::model::{CallToolRequestParams, JsonRpcVersion2_0, RequestId};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
 use serde_json::{Value, json};
@@ -131,7 +131,70 @@ pub struct Intake {
     pub max_body_bytes: usize,
     /// Calls that a notification may cancel.
     pub in_flight: Arc<InFlight>,
+    /// Answers the `tools/call`s taken off rmcp's path ([`DirectCall`]).
+    pub handler: super::McpHandler,
 }
+
+/// A `tools/call` answered without rmcp's per-request service. In stateless mode rmcp
+/// builds one for every POST (a peer, channels, a service loop and three tasks) only to
+/// run one handler and write one JSON answer; for the common call that is most of the
+/// request's cost. Taken here only when rmcp would do nothing but that: the client
+/// accepts JSON and event streams and posts JSON, at a handshake version (2025-06-18,
+/// 2025-11-25: no per-request metadata or standard headers to check), the message has
+/// exactly the JSON-RPC members with rmcp's own parameter type, and `_meta` asks for no
+/// progress (which needs an event stream) and names no protocol version. Anything else
+/// goes to rmcp as before.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DirectCall {
+    #[serde(rename = "jsonrpc")]
+    _version: JsonRpcVersion2_0,
+    /// The request id, echoed in the answer.
+    pub id: RequestId,
+    #[serde(rename = "method")]
+    _method: IgnoredAny,
+    /// The call, parsed as rmcp parses it.
+    pub params: CallToolRequestParams,
+}
+
+/// Protocol versions whose `tools/call` needs no more checks than [`DirectCall`]'s.
+const DIRECT_VERSIONS: [&str; 2] = ["2025-06-18", "2025-11-25"];
+
+/// `body` as a [`DirectCall`], when the request qualifies (see there).
+fn direct_call(parts: &http::request::Parts, body: &[u8]) -> Option<DirectCall> {
+    let header = |name| {
+        let mut all = parts.headers.get_all(name).iter();
+        let first = all.next()?.to_str().ok()?;
+        all.next().is_none().then_some(first)
+    };
+    if !DIRECT_VERSIONS.contains(&header("mcp-protocol-version")?) {
+        return None;
+    }
+    let essence = |v: &str| v.split(';').next().unwrap_or_default().trim().to_string();
+    if !essence(header(http::header::CONTENT_TYPE.as_str())?).eq_ignore_ascii_case(JSON) {
+        return None;
+    }
+    // Plain media types only: weights and parameters are rmcp's to read.
+    let accept = header(http::header::ACCEPT.as_str())?;
+    if accept.contains(['"', ';']) {
+        return None;
+    }
+    let accepts = |t: &str| accept.split(',').any(|a| a.trim().eq_ignore_ascii_case(t));
+    if !accepts(JSON) || !accepts("text/event-stream") {
+        return None;
+    }
+    let call: DirectCall = serde_json::from_slice(body).ok()?;
+    let meta = call.params.meta.as_ref().map(|m| &m.0.0);
+    if meta.is_some_and(|m| {
+        m.contains_key("progressToken")
+            || m.keys().any(|k| k.starts_with("io.modelcontextprotocol/"))
+    }) {
+        return None;
+    }
+    Some(call)
+}
+
+const JSON: &str = "application/json";
 
 /// Deepest nesting of arrays and objects accepted (serde_json, which rmcp parses with, stops
 /// at 128 and would answer with an untyped 415).
@@ -302,6 +365,13 @@ pub async fn intake(State(st): State<Arc<Intake>>, req: Request, next: Next) -> 
             // A notification gets no answer but "accepted", whatever it named.
             StatusCode::ACCEPTED.into_response()
         }
+        Some("tools/call") => match direct_call(&parts, &bytes) {
+            Some(call) => st.handler.answer(call, &parts).await,
+            None => {
+                next.run(Request::from_parts(parts, Body::from(bytes)))
+                    .await
+            }
+        },
         Some("initialize") if client.is_none() => {
             let mut resp = next
                 .run(Request::from_parts(parts, Body::from(bytes)))
@@ -324,6 +394,69 @@ pub async fn intake(State(st): State<Arc<Intake>>, req: Request, next: Next) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parts(headers: &[(&str, &str)]) -> http::request::Parts {
+        let mut b = http::Request::builder().method("POST").uri("/mcp");
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    const PLAIN: [(&str, &str); 3] = [
+        ("content-type", "application/json"),
+        ("accept", "application/json, text/event-stream"),
+        ("mcp-protocol-version", "2025-11-25"),
+    ];
+
+    #[test]
+    fn only_plain_calls_at_handshake_versions_take_the_direct_path() {
+        let call = |params: Value| {
+            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}).to_string()
+        };
+        let plain = call(json!({"name": "echo", "arguments": {"message": "hi"}}));
+        let with_session = call(json!({"name": "echo", "_meta": {"toolrun.dev/session_id": "s"}}));
+        for version in ["2025-06-18", "2025-11-25"] {
+            let mut h = PLAIN;
+            h[2].1 = version;
+            let c = direct_call(&parts(&h), plain.as_bytes()).expect(version);
+            assert_eq!(c.params.name, "echo");
+            assert_eq!(c.id, RequestId::Number(1));
+        }
+        assert!(direct_call(&parts(&PLAIN), with_session.as_bytes()).is_some());
+        // rmcp's: other versions (or none), other media types, weighted Accept, progress,
+        // per-request versions, stray members, parameters rmcp would refuse.
+        let refused: [(&[(&str, &str)], String); 11] = [
+            (&PLAIN[..2], plain.clone()),
+            (&[PLAIN[0], PLAIN[1], ("mcp-protocol-version", "2026-07-28")], plain.clone()),
+            (&[PLAIN[0], PLAIN[1], ("mcp-protocol-version", "2025-03-26")], plain.clone()),
+            (&[("content-type", "text/plain"), PLAIN[1], PLAIN[2]], plain.clone()),
+            (&[PLAIN[0], ("accept", "application/json"), PLAIN[2]], plain.clone()),
+            (
+                &[PLAIN[0], ("accept", "application/json;q=0, text/event-stream"), PLAIN[2]],
+                plain.clone(),
+            ),
+            (&PLAIN, call(json!({"name": "echo", "_meta": {"progressToken": 1}}))),
+            (
+                &PLAIN,
+                call(json!({"name": "echo",
+                    "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}})),
+            ),
+            (
+                &PLAIN,
+                r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"},"result":{}}"#
+                    .into(),
+            ),
+            (&PLAIN, call(json!({"name": "echo", "arguments": [1]}))),
+            (&PLAIN, r#"{"jsonrpc":"1.0","id":1,"method":"tools/call","params":{"name":"echo"}}"#.into()),
+        ];
+        for (headers, body) in refused {
+            assert!(
+                direct_call(&parts(headers), body.as_bytes()).is_none(),
+                "{headers:?} {body}"
+            );
+        }
+    }
 
     #[test]
     fn nesting_is_counted_outside_strings() {

@@ -40,10 +40,10 @@ use std::time::Duration;
 use axum::Router;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, Implementation, ListToolsResult,
-    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion,
-    ServerCapabilities, ServerConfig, Tool,
+    PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId,
+    ServerCapabilities, ServerConfig, ServerJsonRpcMessage, ServerResult, Tool,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{Peer, RequestContext};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
@@ -81,6 +81,7 @@ pub fn router(
 ) -> Router {
     let in_flight = Arc::new(InFlight::default());
     let handler = McpHandler::new(executor, hard_stop.clone(), in_flight.clone());
+    let service_handler = handler.clone();
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
@@ -90,7 +91,7 @@ pub fn router(
         .with_sse_keep_alive(Some(SSE_KEEP_ALIVE))
         .with_cancellation_token(hard_stop.child_token());
     let service = StreamableHttpService::new(
-        move || Ok(handler.clone()),
+        move || Ok(service_handler.clone()),
         Arc::new(NeverSessionManager::default()),
         config,
     );
@@ -100,6 +101,7 @@ pub fn router(
             Arc::new(Intake {
                 max_body_bytes,
                 in_flight,
+                handler: handler.clone(),
             }),
             intake::intake,
         ))
@@ -182,7 +184,10 @@ impl Listing {
 
 /// The request's tenant, put in its extensions by the auth layer ([`crate::auth`]).
 fn caller(parts: Option<&http::request::Parts>) -> Arc<Tenant> {
-    Caller::of(&parts.map(|p| p.extensions.clone()).unwrap_or_default())
+    match parts {
+        Some(p) => Caller::of(&p.extensions),
+        None => Tenant::nobody(),
+    }
 }
 
 /// The session a call names, from `_meta`, the header or the URL; differing values are an
@@ -309,10 +314,77 @@ impl ServerHandler for McpHandler {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
+        let live = context
+            .meta
+            .get_progress_token()
+            .map(|token| (token, context.peer.clone()));
+        self.call(
+            request,
+            &context.meta.0.0,
+            context.extensions.get::<http::request::Parts>(),
+            &context.id,
+            live,
+            Some(&context.ct),
+        )
+        .await
+    }
+}
+
+impl McpHandler {
+    /// Answers a `tools/call` that [`intake`] took off rmcp's path
+    /// ([`intake::DirectCall`]): the same call and the same JSON-RPC answer rmcp would
+    /// write (`application/json`, 200), without rmcp's per-request service.
+    pub(crate) async fn answer(
+        &self,
+        call: intake::DirectCall,
+        parts: &http::request::Parts,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let intake::DirectCall { id, mut params, .. } = call;
+        let meta = params.meta.take().unwrap_or_default();
+        let message = match self
+            .call(params, &meta.0.0, Some(parts), &id, None, None)
+            .await
+        {
+            Ok(r) => {
+                // As rmcp answers a peer that negotiated a version before 2026-07-28 (every
+                // direct call's): without `resultType: "complete"` or non-object output.
+                let mut result = ServerResult::from(r);
+                result.strip_result_type_for_legacy_peer();
+                result.strip_non_object_output_for_legacy_peer();
+                ServerJsonRpcMessage::response(result, id)
+            }
+            Err(e) => ServerJsonRpcMessage::error(e, Some(id)),
+        };
+        match serde_json::to_vec(&message) {
+            Ok(body) => (
+                http::StatusCode::OK,
+                [(http::header::CONTENT_TYPE, "application/json")],
+                body,
+            )
+                .into_response(),
+            Err(e) => (
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                format!("cannot serialise the answer: {e}\n"),
+            )
+                .into_response(),
+        }
+    }
+
+    /// Runs a `tools/call`: from rmcp ([`ServerHandler::call_tool`]) or answered directly
+    /// ([`intake`]). `live` is where live output goes (the request's progress token
+    /// and its peer); `ct` cancels the call (else dropping the future does).
+    pub(crate) async fn call(
+        &self,
+        request: CallToolRequestParams,
+        meta: &serde_json::Map<String, Value>,
+        parts: Option<&http::request::Parts>,
+        id: &RequestId,
+        live: Option<(ProgressToken, Peer<RoleServer>)>,
+        ct: Option<&CancellationToken>,
+    ) -> Result<CallToolResponse, McpError> {
         let inner = &self.inner;
-        let parts = context.extensions.get::<http::request::Parts>();
         let tenant = caller(parts);
-        let meta = &context.meta.0.0;
         let (session_id, timeout_ms) = match (session_id(meta, parts), timeout_ms(meta)) {
             (Ok(s), Ok(t)) => (s, t),
             (Err(e), _) | (_, Err(e)) => return Ok(tools::error_result(&e, None).into()),
@@ -321,7 +393,6 @@ impl ServerHandler for McpHandler {
             Some(args) => serde_json::to_string(args).unwrap_or_default(),
             None => String::new(),
         };
-        let token = context.meta.get_progress_token();
         // Clients at the handshake versions cancel by notification ([`intake`]).
         let registration = parts
             .and_then(|p| p.headers.get(SESSION_HEADER))
@@ -329,11 +400,9 @@ impl ServerHandler for McpHandler {
             .map(|client| {
                 inner
                     .in_flight
-                    .register(&intake::in_flight_key(&tenant.name, client), &context.id)
+                    .register(&intake::in_flight_key(&tenant.name, client), id)
             });
-        let by_notification = registration
-            .as_ref()
-            .map_or_else(CancellationToken::new, |r| r.cancelled.clone());
+        let by_notification = registration.as_ref().map(|r| &r.cancelled);
         let mut handle = inner.executor.start(
             CallRequest {
                 call_id: String::new(),
@@ -344,20 +413,30 @@ impl ServerHandler for McpHandler {
                 tenant: Some(tenant),
             },
             &inner.hard_stop,
-            token.is_some(),
+            live.is_some(),
         );
+        let cancelled = async {
+            match (ct, by_notification) {
+                (Some(a), Some(b)) => tokio::select! {
+                    _ = a.cancelled() => {}
+                    _ = b.cancelled() => {}
+                },
+                (Some(t), None) | (None, Some(t)) => t.cancelled().await,
+                (None, None) => std::future::pending().await,
+            }
+        };
+        tokio::pin!(cancelled);
         let mut sent: u64 = 0;
         let outcome = loop {
             let event = tokio::select! {
                 // Dropping the handle cancels the call and kills its sandbox.
-                _ = context.ct.cancelled() => break None,
-                _ = by_notification.cancelled() => break None,
+                _ = &mut cancelled => break None,
                 e = handle.next() => e,
             };
             match event {
                 Some(CallEvent::Done(outcome)) => break Some(outcome),
                 Some(CallEvent::Chunk(chunk)) => {
-                    let Some(token) = &token else { continue };
+                    let Some((token, peer)) = &live else { continue };
                     let p = match chunk {
                         StreamChunk::Stdout(s) => {
                             sent += s.len() as u64;
@@ -398,7 +477,7 @@ impl ServerHandler for McpHandler {
                         }
                     };
                     // A client that stopped reading loses progress, not the call.
-                    let _ = context.peer.notify_progress(p).await;
+                    let _ = peer.notify_progress(p).await;
                 }
                 None => {
                     break Some(crate::exec::CallOutcome {

@@ -283,8 +283,8 @@ impl Default for ControllerConfig {
     fn default() -> Self {
         ControllerConfig {
             concurrency: 16,
-            api_qps: 100,
-            api_burst: 200,
+            api_qps: 300,
+            api_burst: 600,
             leader_election: LeaderElectionConfig {
                 enabled: true,
                 lease_name: "toolrun-operator".into(),

@@ -22,8 +22,8 @@ ephemeralStorageMiB: 64
 userNamespaces: false
 controller:
   concurrency: 16                   # ToolRuns reconciled at once
-  apiQps: 100                       # client-side rate limit of API requests (token bucket)
-  apiBurst: 200
+  apiQps: 300                       # client-side rate limit of API requests (token bucket)
+  apiBurst: 600
   leaderElection:
     enabled: true
     leaseName: toolrun-operator

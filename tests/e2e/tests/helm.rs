@@ -664,8 +664,8 @@ sessionWorkspaceMiB: 1024
 sessionCpuRequestMillis: 50
 controller:
   concurrency: 16
-  apiQps: 100
-  apiBurst: 200
+  apiQps: 300
+  apiBurst: 600
   leaderElection:
     enabled: true
     leaseName: toolrun-operator

@@ -112,21 +112,7 @@ async fn ended_retrying(d: &Deployed, req: pb::CallToolRequest, limit: Duration)
 }
 
 async fn new_session(d: &Deployed) -> String {
-    let mut c: Grpc = client(d).await;
-    tokio::time::timeout(
-        Duration::from_secs(180),
-        c.create_session(pb::CreateSessionRequest {
-            session_id: String::new(),
-            // Nothing asks for approval: these calls are about the cluster.
-            approval_mode: pb::ApprovalMode::All as i32,
-            idle_timeout_seconds: 600,
-        }),
-    )
-    .await
-    .expect("CreateSession within 180 s")
-    .expect("CreateSession")
-    .into_inner()
-    .session_id
+    create_session(&mut client(d).await).await
 }
 
 async fn close_session(d: &Deployed, sid: &str) {

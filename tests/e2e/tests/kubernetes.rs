@@ -2460,22 +2460,6 @@ fn tool_session(name: &str, size_mib: u32, class: Option<String>) -> toolrun_crd
 /// The value of `toolrun.dev/warm-pool` on warm session pods.
 const SESSION_POOL: &str = "toolrun.session";
 
-async fn create_session(c: &mut ToolServiceClient<tonic::transport::Channel>) -> String {
-    tokio::time::timeout(
-        Duration::from_secs(180),
-        c.create_session(pb::CreateSessionRequest {
-            session_id: String::new(),
-            approval_mode: pb::ApprovalMode::All as i32,
-            idle_timeout_seconds: 600,
-        }),
-    )
-    .await
-    .expect("CreateSession within 180 s")
-    .expect("CreateSession")
-    .into_inner()
-    .session_id
-}
-
 async fn session_object(
     sessions: &Api<toolrun_crd::ToolSession>,
     sid: &str,

@@ -305,3 +305,20 @@ pub async fn toolrun_of(client: &Client, call_id: &str) -> Result<ToolRun> {
     );
     Ok(items.remove(0))
 }
+
+/// A new session through the gateway (nothing in it asks for approval), its id.
+pub async fn create_session(c: &mut ToolServiceClient<tonic::transport::Channel>) -> String {
+    tokio::time::timeout(
+        Duration::from_secs(180),
+        c.create_session(pb::CreateSessionRequest {
+            session_id: String::new(),
+            approval_mode: pb::ApprovalMode::All as i32,
+            idle_timeout_seconds: 600,
+        }),
+    )
+    .await
+    .expect("CreateSession within 180 s")
+    .expect("CreateSession")
+    .into_inner()
+    .session_id
+}

@@ -1026,12 +1026,13 @@ async fn sandbox_cannot_reach_anything_on_the_network() {
         format!("{}:50051", d.gateway_pod_ip),
         format!("{operator_pod_ip}:9090"),
         format!("{}:443", d.apiserver_ip),
-        "10.87.0.1:6443".to_string(), // the API server on the node
+        "10.87.0.1:6443".to_string(),       // the API server on the node
+        format!("{operator_pod_ip}:50052"), // the operator's session relay
         "169.254.169.254:80".to_string(),
         "1.1.1.1:443".to_string(),
     ];
     // Controls: from the node the same endpoints answer (except the outside ones).
-    for t in &targets[..5] {
+    for t in &targets[..6] {
         let addr: std::net::SocketAddr = t.parse().unwrap();
         std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
             .unwrap_or_else(|e| panic!("control: {t} does not answer from the node: {e}"));
@@ -1074,6 +1075,61 @@ print('kube env', sorted(k for k in os.environ if k.startswith('KUBERNETES') or 
     assert!(out.contains("dns blocked"), "{out}");
     assert!(out.contains("token False"), "{out}");
     assert!(out.contains("kube env []"), "{out}");
+
+    // The same from a session's pod (a long-lived agent pod), with one more target: another
+    // session's pod, whose agent listens on no port (reached only through the API server).
+    let mut c = client(&d).await;
+    let (sid, other) = (create_session(&mut c).await, create_session(&mut c).await);
+    let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let other_pod = session_object(&sessions, &other)
+        .await
+        .status
+        .and_then(|s| s.pod_name)
+        .expect("the other session's pod");
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let other_ip = pods
+        .get(&other_pod)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.pod_ip)
+        .expect("its IP");
+    let mut session_targets = targets.to_vec();
+    session_targets.push(format!("{other_ip}:8080"));
+    let (r, out) = session_call(
+        &mut c,
+        &sid,
+        "run_code",
+        json!({"language": "python", "code": code, "args": session_targets, "timeout": 25}),
+    )
+    .await
+    .unwrap();
+    assert!(r.error.is_none(), "{r:?}");
+    let out = out["stdout"].as_str().unwrap_or_default().to_string();
+    assert!(
+        !out.contains("CONNECTED"),
+        "a session pod reached something:\n{out}"
+    );
+    for t in &session_targets {
+        assert!(
+            out.contains(&format!("{t} blocked")),
+            "{t} not tried:\n{out}"
+        );
+    }
+    // Dropped, not refused: the policy, not a closed port, keeps the other pod away.
+    assert!(
+        out.contains(&format!("{other_ip}:8080 blocked TimeoutError"))
+            || out.contains(&format!("{other_ip}:8080 blocked timeout")),
+        "{out}"
+    );
+    assert!(out.contains("dns blocked"), "{out}");
+    assert!(out.contains("token False"), "{out}");
+    assert!(out.contains("kube env []"), "{out}");
+    for s in [sid, other] {
+        let _ = c
+            .close_session(pb::CloseSessionRequest { session_id: s })
+            .await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -265,7 +265,12 @@ pub fn warm_session_pod(
     );
     let mut pod = workspace_pod(name, &template, config)?;
     pod.metadata.owner_references = None;
-    pod.metadata.labels = Some(pool_labels);
+    // The pool's labels instead of the session and tenant ones; the sandbox label (what the
+    // deny-all NetworkPolicy selects) and the managed-by label stay.
+    let labels = pod.metadata.labels.get_or_insert_with(BTreeMap::new);
+    labels.remove(labels::SESSION);
+    labels.remove(labels::TENANT);
+    labels.extend(pool_labels);
     Ok(pod)
 }
 

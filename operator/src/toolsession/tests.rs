@@ -233,6 +233,14 @@ fn a_warm_session_pod_is_the_pod_of_a_default_session_without_session_data() {
     assert!(!labels.contains_key(labels::SESSION), "{labels:?}");
     assert!(!labels.contains_key(labels::TENANT), "{labels:?}");
     assert_eq!(labels[labels::WARM_POOL], warmpool::SESSION_POOL);
+    // Selected by the sandbox's deny-all NetworkPolicy like every sandbox pod (a warm
+    // session pod without it had the pod network).
+    assert_eq!(labels[labels::SANDBOX], labels::SANDBOX_VALUE, "{labels:?}");
+    assert_eq!(
+        labels[labels::SANDBOX],
+        v_own_sandbox_label(&own),
+        "the same as a session's own pod"
+    );
     assert!(is_session_pool_pod(&warm));
     // Its agent serves the workspace like a session pod's.
     let cmd = &v["spec"]["containers"][0]["command"];
@@ -430,4 +438,8 @@ fn session_pods_may_request_less_cpu_than_their_limit_and_warm_ones_alike() {
     for (req, lim, _, _) in cpu_and_memory(&p) {
         assert_eq!((req.as_str(), lim.as_str()), ("20m", "20m"));
     }
+}
+
+fn v_own_sandbox_label(p: &Pod) -> String {
+    p.labels()[labels::SANDBOX].clone()
 }

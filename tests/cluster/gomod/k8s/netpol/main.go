@@ -265,7 +265,15 @@ func (c *controller) rules(chain string, pod *corev1.Pod, pols []*netv1.NetworkP
 			}
 			for _, peer := range r.peers {
 				if peer.IPBlock != nil {
+					// The test cluster is IPv4 only (iptables, not ip6tables): an IPv6
+					// block matches nothing here, and iptables-restore refuses it.
+					if strings.Contains(peer.IPBlock.CIDR, ":") {
+						continue
+					}
 					for _, ex := range peer.IPBlock.Except {
+						if strings.Contains(ex, ":") {
+							continue
+						}
 						add("%s %s -j MARK --set-xmark %s", dir, ex, exceptMark)
 					}
 					for _, pm := range portMatches(r.ports, map[bool]*corev1.Pod{true: pod}[ingress]) {

@@ -280,7 +280,10 @@ fn tls_refusal(e: &str, alert: &str) -> bool {
         && (e.contains(&format!("received fatal alert: {alert}"))
             || e.contains("BrokenPipe")
             || e.contains("ConnectionReset")
-            || e.contains("connection closed"))
+            || e.contains("connection closed")
+            // hyper: the server closed the connection (refusing the certificate) before the
+            // client's connection was ready to send the request.
+            || e.contains("connection was not ready"))
 }
 
 /// The TLS alert a client that sends nothing after its handshake reads (`leaf`: its client

@@ -378,23 +378,8 @@ async fn killing_the_gateway_during_streams_ends_each_stream_and_the_runs_finish
             .await
             .expect("each stream's first output within 120 s");
     }
-    let gateways = ListParams::default().labels("app.kubernetes.io/component=gateway");
-    let killed: Vec<String> = system_pods
-        .list(&gateways)
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|p| p.name_any())
-        .collect();
     let killed_at = Instant::now();
-    let now = DeleteParams {
-        grace_period_seconds: Some(0),
-        ..DeleteParams::default()
-    };
-    for p in &killed {
-        system_pods.delete(p, &now).await.unwrap();
-    }
+    let (gateways, killed) = kill_component_pods(&system_pods, "gateway").await;
     for (id, h) in streams {
         let (at, end) = tokio::time::timeout(Duration::from_secs(60), h)
             .await

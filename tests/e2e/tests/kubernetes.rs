@@ -694,24 +694,7 @@ async fn kill_the_operator_mid_run(prefix: &str, language: &str, code: &str, war
 /// Kills every operator pod, now, without grace: the selector of operator pods and the
 /// names killed.
 async fn kill_operator_pods(system_pods: &Api<Pod>) -> (ListParams, Vec<String>) {
-    let ops = ListParams::default().labels("app.kubernetes.io/component=operator");
-    let killed: Vec<String> = system_pods
-        .list(&ops)
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|p| p.name_any())
-        .collect();
-    assert!(!killed.is_empty(), "no operator pod found");
-    let now = DeleteParams {
-        grace_period_seconds: Some(0),
-        ..Default::default()
-    };
-    for p in &killed {
-        system_pods.delete(p, &now).await.unwrap();
-    }
-    (ops, killed)
+    kill_component_pods(system_pods, "operator").await
 }
 
 // ------------------------------------------------------------------- warm pods

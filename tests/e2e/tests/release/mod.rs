@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::ListParams;
-use kube::{Api, Client};
+use kube::api::{DeleteParams, ListParams};
+use kube::{Api, Client, ResourceExt};
 use serde_json::Value;
 use toolrun_crd::ToolRun;
 use toolrun_e2e::*;
@@ -304,4 +304,30 @@ pub async fn create_session(c: &mut ToolServiceClient<tonic::transport::Channel>
     .expect("CreateSession")
     .into_inner()
     .session_id
+}
+
+/// Kills every pod of the release's `component` (operator, gateway), now, without grace:
+/// the selector of those pods and the names killed.
+pub async fn kill_component_pods(
+    system_pods: &Api<Pod>,
+    component: &str,
+) -> (ListParams, Vec<String>) {
+    let lp = ListParams::default().labels(&format!("app.kubernetes.io/component={component}"));
+    let killed: Vec<String> = system_pods
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert!(!killed.is_empty(), "no {component} pod found");
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    for p in &killed {
+        system_pods.delete(p, &now).await.unwrap();
+    }
+    (lp, killed)
 }

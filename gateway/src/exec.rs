@@ -116,6 +116,8 @@ pub enum CallEvent {
 pub struct CallHandle {
     events: Option<mpsc::Receiver<StreamChunk>>,
     done: Option<tokio::sync::oneshot::Receiver<CallOutcome>>,
+    /// The outcome once received, returned after the chunks sent before it.
+    outcome: Option<CallOutcome>,
     call_id: String,
     tool: String,
     _cancel: tokio_util::sync::DropGuard,
@@ -127,41 +129,51 @@ impl CallHandle {
         &self.call_id
     }
 
-    /// The next event; `None` after [`CallEvent::Done`].
+    /// The next event; `None` after [`CallEvent::Done`]. Cancel-safe: dropping the future
+    /// loses nothing.
     pub async fn next(&mut self) -> Option<CallEvent> {
-        let done = self.done.as_mut()?;
-        if let Some(rx) = self.events.as_mut() {
-            tokio::select! {
-                biased;
-                chunk = rx.recv() => match chunk {
-                    Some(c) => return Some(CallEvent::Chunk(c)),
-                    None => self.events = None,
+        if self.outcome.is_none() {
+            let done = self.done.as_mut()?;
+            // The outcome is taken the moment the call's task sends it (a oneshot receiver
+            // answers once: polling it again would panic), and kept until every chunk sent
+            // before it has been returned.
+            let sent = match self.events.as_mut() {
+                Some(rx) => tokio::select! {
+                    biased;
+                    chunk = rx.recv() => match chunk {
+                        Some(c) => return Some(CallEvent::Chunk(c)),
+                        None => {
+                            self.events = None;
+                            done.await
+                        }
+                    },
+                    sent = &mut *done => sent,
                 },
-                _ = &mut *done => {}
-            }
-            // The call ended: chunks it sent just before come first.
-            if let Some(rx) = self.events.as_mut()
-                && let Ok(c) = rx.try_recv()
-            {
-                return Some(CallEvent::Chunk(c));
-            }
-        }
-        let done = self.done.take()?;
-        Some(CallEvent::Done(match done.await {
-            Ok(o) => o,
-            // The executor catches tool panics; this is a bug in toolrun itself.
-            Err(_) => CallOutcome {
+                None => done.await,
+            };
+            self.done = None;
+            self.outcome = Some(sent.unwrap_or_else(|_| CallOutcome {
                 call_id: self.call_id.clone(),
                 tool: self.tool.clone(),
                 output_json: None,
                 output_hash: String::new(),
+                // The executor catches tool panics; this is a bug in toolrun itself.
                 error: Some(ToolError::new(
                     ErrorCode::Internal,
                     "the call's task ended without a result",
                 )),
                 duration: Duration::ZERO,
-            },
-        }))
+            }));
+        }
+        // The call ended: chunks it sent just before come first (a sender kept by a task
+        // that outlives the call must not hold the result back, so no waiting here).
+        if let Some(rx) = self.events.as_mut()
+            && let Ok(c) = rx.try_recv()
+        {
+            return Some(CallEvent::Chunk(c));
+        }
+        self.events = None;
+        self.outcome.take().map(CallEvent::Done)
     }
 
     /// Waits for the outcome, ignoring live events.
@@ -252,6 +264,7 @@ impl Executor {
         let handle = CallHandle {
             events: rx,
             done: Some(done_rx),
+            outcome: None,
             call_id: req.call_id.clone(),
             tool: req.tool.clone(),
             _cancel: cancel.clone().drop_guard(),
@@ -872,5 +885,81 @@ fn json_type(v: &Value) -> &'static str {
         Value::String(_) => "string",
         Value::Array(_) => "array",
         Value::Object(_) => "object",
+    }
+}
+
+#[cfg(test)]
+mod handle_tests {
+    use super::*;
+
+    fn handle() -> (
+        CallHandle,
+        mpsc::Sender<StreamChunk>,
+        tokio::sync::oneshot::Sender<CallOutcome>,
+    ) {
+        let (tx, rx) = mpsc::channel(4);
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let handle = CallHandle {
+            events: Some(rx),
+            done: Some(done_rx),
+            outcome: None,
+            call_id: "c".into(),
+            tool: "shell".into(),
+            _cancel: CancellationToken::new().drop_guard(),
+        };
+        (handle, tx, done_tx)
+    }
+
+    fn outcome() -> CallOutcome {
+        CallOutcome {
+            call_id: "c".into(),
+            tool: "shell".into(),
+            output_json: None,
+            output_hash: String::new(),
+            error: Some(ToolError::new(ErrorCode::Cancelled, "closed")),
+            duration: Duration::ZERO,
+        }
+    }
+
+    /// A sender that outlives the call (a task still holding it) must not lose the result:
+    /// the outcome arrives while the chunk channel is open, and is returned after the
+    /// chunks sent before it. (It used to be dropped, and the next poll of the spent
+    /// receiver panicked: the stream ended without a result.)
+    #[tokio::test]
+    async fn the_outcome_comes_after_earlier_chunks_while_a_sender_lives_on() {
+        let (mut h, tx, done_tx) = handle();
+        let waiting = tokio::spawn(async move {
+            let first = h.next().await;
+            (h, first)
+        });
+        tokio::task::yield_now().await;
+        done_tx.send(outcome()).unwrap();
+        let (mut h, first) = waiting.await.unwrap();
+        assert!(
+            matches!(first, Some(CallEvent::Done(o)) if o.error.as_ref().is_some_and(|e| e.code == ErrorCode::Cancelled))
+        );
+        assert!(h.next().await.is_none());
+
+        let (mut h, tx2, done_tx) = handle();
+        tx2.send(StreamChunk::Stdout("a".into())).await.unwrap();
+        done_tx.send(outcome()).unwrap();
+        assert!(
+            matches!(h.next().await, Some(CallEvent::Chunk(StreamChunk::Stdout(s))) if s == "a")
+        );
+        assert!(matches!(h.next().await, Some(CallEvent::Done(_))));
+        assert!(h.next().await.is_none());
+        drop((tx, tx2));
+    }
+
+    /// A call task gone without sending its outcome still ends the stream with a result.
+    #[tokio::test]
+    async fn a_task_gone_without_an_outcome_ends_with_an_internal_error() {
+        let (mut h, tx, done_tx) = handle();
+        drop((tx, done_tx));
+        match h.next().await {
+            Some(CallEvent::Done(o)) => assert_eq!(o.error.unwrap().code, ErrorCode::Internal),
+            other => panic!("{other:?}"),
+        }
+        assert!(h.next().await.is_none());
     }
 }

@@ -68,6 +68,8 @@ fn reach_flags(args: Vec<String>) -> Result<(Vec<String>, Option<ReachCheck>), S
         target,
         wait,
         connect_timeout: reach::DEFAULT_CONNECT_TIMEOUT,
+        // The one-shot runner checks once, right before its program.
+        recheck: std::time::Duration::ZERO,
     });
     Ok((rest, check))
 }

@@ -132,6 +132,74 @@ fn auto_reads_the_kubernetes_service_environment() {
     );
 }
 
+/// The watch after the first check: the target is unreachable when the agent starts (as a
+/// pod's is before the policy controller programs it, whatever the policy) and becomes
+/// reachable while a program runs. The program is killed, the run ends INFRA_ERROR naming the
+/// cause, later runs are refused. Control: the same sequence with the watch off
+/// (`--recheck-interval-ms 0`) runs the program to its end.
+#[test]
+fn a_target_that_becomes_reachable_later_kills_the_run_and_refuses_the_next() {
+    for watch in [true, false] {
+        let ws = temp_dir(if watch {
+            "reach-watch"
+        } else {
+            "reach-nowatch"
+        });
+        let closed = closed_port();
+        let recheck = if watch { "200" } else { "0" };
+        let mut a = Agent::spawn(&[
+            "--require-unreachable",
+            &closed,
+            "--unreachable-wait-ms",
+            "500",
+            "--recheck-interval-ms",
+            recheck,
+        ]);
+        // The first check has passed before the address opens.
+        let mut n = 0;
+        while a.status(&format!("s0-{n}"))["isolation"]["state"] != "isolated" {
+            assert!(n < 100, "the first check did not pass");
+            n += 1;
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        a.send(&run_req(
+            "long",
+            &spec(Language::Bash, "echo started; sleep 3; touch finished", &ws),
+        ));
+        // The address opens (a listener on the closed port): the pod's isolation is gone.
+        let listener = TcpListener::bind(&closed).unwrap();
+        let t = Instant::now();
+        let rec = record(&a.final_of("long"));
+        if !watch {
+            assert_eq!(rec.verdict, Verdict::Ok, "{rec:?}");
+            assert!(ws.join("finished").exists());
+            assert_eq!(a.status("s1")["isolation"]["state"], "isolated");
+            continue;
+        }
+        assert_eq!(rec.verdict, Verdict::InfraError, "{rec:?}");
+        assert!(
+            rec.message.contains(&closed)
+                && rec.message.contains("became reachable from the sandbox")
+                && rec.message.contains("the running program was killed"),
+            "{}",
+            rec.message
+        );
+        assert!(
+            t.elapsed() < Duration::from_millis(2500),
+            "killed only after {:?}",
+            t.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(3000));
+        assert!(!ws.join("finished").exists(), "the program ran on");
+        let (_, rec) = a.run("next", &spec(Language::Bash, "touch ran", &ws));
+        assert_eq!(rec.verdict, Verdict::InfraError, "{rec:?}");
+        assert!(!ws.join("ran").exists(), "a program ran");
+        let s = a.status("s1");
+        assert_eq!(s["isolation"]["state"], "reachable", "{s}");
+        drop(listener);
+    }
+}
+
 fn one_shot_with(args: &[&str], env: &[(&str, &str)], ws: &std::path::Path) -> RunRecord {
     let mut child = Command::new(RUNNER)
         .args(["--spec", "-"])

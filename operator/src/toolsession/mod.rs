@@ -40,6 +40,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference,
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as RuntimeConfig, Controller};
+use kube::runtime::events::EventType;
 use kube::runtime::watcher;
 use kube::{Api, Resource, ResourceExt};
 use toolrun_crd::labels;
@@ -79,6 +80,10 @@ pub enum SessionDecision {
     },
     /// Delete the pod (it failed with a claim that outlives it: it is made again).
     DeletePod(String),
+    /// Put the sandbox label back on the session's pod: without it the deny-all
+    /// NetworkPolicy does not select the pod (warm session pods of earlier versions lacked
+    /// it, and a person may remove it).
+    Isolate(String),
     /// Write this status (phase, podName, message; the times are added).
     Status(ToolSessionStatus),
     /// Nothing to do: look again after this long at the latest.
@@ -210,6 +215,9 @@ pub fn decide(
             "session pod {} ended ({reason}); its workspace (an emptyDir) went with it",
             p.name_any()
         ));
+    }
+    if p.labels().get(labels::SANDBOX).map(String::as_str) != Some(labels::SANDBOX_VALUE) {
+        return SessionDecision::Isolate(pod_name);
     }
     if agent_running(p) {
         return want(pod_name, SessionPhase::Ready, None);
@@ -551,6 +559,8 @@ async fn look(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Error> 
                     "labels": {
                         labels::SESSION: labels::label_value(&name),
                         labels::TENANT: tenant,
+                        // Warm pods carry it; set again so that no claim can drop it.
+                        labels::SANDBOX: labels::SANDBOX_VALUE,
                         labels::WARM_POOL: null,
                         warmpool::SPEC_HASH: null,
                     },
@@ -577,6 +587,33 @@ async fn look(ts: Arc<ToolSession>, ctx: Arc<Context>) -> Result<Action, Error> 
         SessionDecision::DeletePod(p) => {
             ctx.delete_pod(&p).await?;
             Ok(Action::requeue(Duration::from_secs(1)))
+        }
+        SessionDecision::Isolate(p) => {
+            let patch = serde_json::json!({
+                "metadata": { "labels": { labels::SANDBOX: labels::SANDBOX_VALUE } }
+            });
+            let pp = PatchParams {
+                field_manager: Some(FIELD_MANAGER.into()),
+                ..PatchParams::default()
+            };
+            match pods.patch(&p, &pp, &Patch::Merge(&patch)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(kube_err("labelling the session pod")(e)),
+            }
+            warn!(session = %name, pod = %p, "the session pod lacked the sandbox label (the deny-all NetworkPolicy did not select it): label restored");
+            ctx.event(
+                ts.as_ref(),
+                EventType::Warning,
+                "Isolated",
+                format!(
+                    "pod {p} lacked the {} label, so the deny-all NetworkPolicy did not select \
+                     it; the label is restored",
+                    labels::SANDBOX
+                ),
+            )
+            .await;
+            Ok(Action::requeue(Duration::from_millis(200)))
         }
         SessionDecision::Status(st) => {
             if st.phase == Some(SessionPhase::Failed) {

@@ -443,3 +443,38 @@ fn session_pods_may_request_less_cpu_than_their_limit_and_warm_ones_alike() {
 fn v_own_sandbox_label(p: &Pod) -> String {
     p.labels()[labels::SANDBOX].clone()
 }
+
+/// A session's pod without the sandbox label (a warm pod of an earlier version, or a label a
+/// person removed) is not selected by the deny-all NetworkPolicy: the label is put back
+/// before anything else, and the session is not Ready on it until then. Control: the same
+/// pod with the label is Ready.
+#[test]
+fn a_session_pod_without_the_sandbox_label_is_labelled_before_it_is_ready() {
+    let s = session(600);
+    let mut running = pod_of(&s, "Running", true);
+    running
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .remove(labels::SANDBOX);
+    assert_eq!(
+        decide(&s, Some(&running), None, ts(3), GRACE),
+        SessionDecision::Isolate("ts-abc".into())
+    );
+    running
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert(labels::SANDBOX.into(), "false".into());
+    assert_eq!(
+        decide(&s, Some(&running), None, ts(3), GRACE),
+        SessionDecision::Isolate("ts-abc".into())
+    );
+    let labelled = pod_of(&s, "Running", true);
+    match decide(&s, Some(&labelled), None, ts(3), GRACE) {
+        SessionDecision::Status(st) => assert_eq!(st.phase, Some(SessionPhase::Ready)),
+        d => panic!("{d:?}"),
+    }
+}

@@ -79,6 +79,10 @@
 //! `TOOLRUN_REQUIRE_UNREACHABLE`) is checked once at start, in the background
 //! ([`reach`]); runs wait for it, and if the target stayed reachable for
 //! `--unreachable-wait-ms` (default 5000) every run ends `INFRA_ERROR` naming the cause.
+//! After it passed, the agent checks again every `--recheck-interval-ms` (default 1000; 0:
+//! never) for as long as it lives: a pod that the policy controller had not programmed yet
+//! passes the first check even when no policy selects it. The first connect that succeeds
+//! kills the running program (`INFRA_ERROR`) and refuses every later run.
 //! `status.isolation` shows the outcome.
 
 pub mod cleanup;
@@ -128,7 +132,7 @@ pub struct Config {
 
 const USAGE: &str = "usage: toolrun-runner agent [--workspace DIR] [--scratch DIR]... \
 [--no-cleanup] [--clean-ipc] [--require-unreachable HOST:PORT|auto|off] \
-[--unreachable-wait-ms N] [--connect-timeout-ms N] [--max-line-bytes N] [--max-results N] \
+[--unreachable-wait-ms N] [--recheck-interval-ms N] [--connect-timeout-ms N] [--max-line-bytes N] [--max-results N] \
 [--max-result-bytes N] [--max-replay-bytes N] [--max-output-bytes N] [--file-workers N]";
 
 impl Config {
@@ -166,6 +170,7 @@ impl Config {
             None => reach::DEFAULT_WAIT,
         };
         let mut connect_timeout = reach::DEFAULT_CONNECT_TIMEOUT;
+        let mut recheck = reach::DEFAULT_RECHECK;
         let mut it = args.iter();
         while let Some(arg) = it.next() {
             let (flag, inline) = match arg.split_once('=') {
@@ -185,6 +190,9 @@ impl Config {
                 "--clean-ipc" => cfg.cleanup.ipc = true,
                 "--require-unreachable" => target = value()?,
                 "--unreachable-wait-ms" => wait = Duration::from_millis(number(flag, &value()?)?),
+                "--recheck-interval-ms" => {
+                    recheck = Duration::from_millis(number(flag, &value()?)?)
+                }
                 "--connect-timeout-ms" => {
                     connect_timeout = Duration::from_millis(number(flag, &value()?)?)
                 }
@@ -208,6 +216,7 @@ impl Config {
             target,
             wait,
             connect_timeout,
+            recheck,
         });
         Ok(cfg)
     }

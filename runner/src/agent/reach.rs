@@ -9,6 +9,13 @@
 //! that succeeds is retried every [`RETRY_INTERVAL`] until `wait` has passed (the policy may
 //! still be on its way); reachable through the whole wait means the isolation is not in
 //! force, and every run is refused with `INFRA_ERROR` naming the address.
+//!
+//! A first check alone is not enough: a policy controller that fails closed drops a pod's
+//! packets until it has programmed the pod, so a pod that no policy isolates also passes a
+//! check made in its first moments (a long-lived agent starts long before its first run).
+//! The agent therefore keeps watching ([`ReachCheck::watch`]): one connect every
+//! `recheck` interval for as long as it lives; the first that succeeds latches the pod as
+//! not isolated (the running program is killed, every later run refused).
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -20,6 +27,8 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 /// Default timeout of one connect attempt: a reachable API server on the cluster network
 /// answers a SYN in well under a millisecond; a dropping policy never answers.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+/// Default pause between two checks after the first (0 turns the watch off).
+pub const DEFAULT_RECHECK: Duration = Duration::from_millis(1000);
 /// Environment variable holding the target (`HOST:PORT`, `auto`, or `off`) when no flag does.
 pub const ENV_TARGET: &str = "TOOLRUN_REQUIRE_UNREACHABLE";
 /// Environment variable holding the wait in milliseconds when no flag does.
@@ -34,6 +43,8 @@ pub struct ReachCheck {
     pub wait: Duration,
     /// Timeout of one connect.
     pub connect_timeout: Duration,
+    /// Pause between two checks once the first has passed (zero: no watch).
+    pub recheck: Duration,
 }
 
 /// Resolves a `--require-unreachable` value: `HOST:PORT` (IPv6 as `[::1]:443`), `auto`
@@ -59,34 +70,20 @@ impl ReachCheck {
     /// Runs the check: `Ok(message)` when the target is unreachable (runs may start),
     /// `Err(message)` naming the cause when it stayed reachable for the whole wait.
     pub fn run(&self) -> Result<String, String> {
-        let addrs: Vec<SocketAddr> = match self.target.to_socket_addrs() {
-            Ok(a) => a.collect(),
-            // No resolver (a pod without DNS egress): nothing to connect to.
-            Err(e) => {
-                return Ok(format!(
-                    "{} does not resolve ({e}): counted as unreachable",
-                    self.target
-                ));
-            }
+        let addrs = match self.addresses() {
+            Ok(a) => a,
+            Err(message) => return Ok(message),
         };
         let deadline = Instant::now() + self.wait;
         loop {
-            let mut last_err = None;
-            let reached = addrs.iter().find(|addr| {
-                match TcpStream::connect_timeout(addr, self.connect_timeout) {
-                    Ok(_) => true,
-                    Err(e) => {
-                        last_err = Some(e);
-                        false
-                    }
+            let addr = match self.connect_any(&addrs) {
+                Err(why) => {
+                    return Ok(format!(
+                        "{} is unreachable from the sandbox ({why})",
+                        self.target
+                    ));
                 }
-            });
-            let Some(addr) = reached else {
-                let why = last_err.map_or_else(|| "no address".to_string(), |e| e.to_string());
-                return Ok(format!(
-                    "{} is unreachable from the sandbox ({why})",
-                    self.target
-                ));
+                Ok(addr) => addr,
             };
             if Instant::now() + RETRY_INTERVAL >= deadline {
                 return Err(format!(
@@ -98,6 +95,57 @@ impl ReachCheck {
             }
             std::thread::sleep(RETRY_INTERVAL);
         }
+    }
+
+    /// After [`ReachCheck::run`] passed: checks again every `recheck` until a connect
+    /// succeeds, and returns the message naming it (never returns while the target stays
+    /// unreachable, nor when `recheck` is zero). `since` is when the agent started.
+    pub fn watch(&self, since: Instant) -> String {
+        if self.recheck.is_zero() {
+            loop {
+                std::thread::park();
+            }
+        }
+        loop {
+            std::thread::sleep(self.recheck);
+            // Resolved again each time: a name may come to resolve once DNS is reachable.
+            let Ok(addrs) = self.addresses() else {
+                continue;
+            };
+            if let Ok(addr) = self.connect_any(&addrs) {
+                return format!(
+                    "the API server {} ({addr}) became reachable from the sandbox {} ms after \
+                     the agent started: the pod's network isolation is not in force; the \
+                     running program was killed and no program is run",
+                    self.target,
+                    since.elapsed().as_millis()
+                );
+            }
+        }
+    }
+
+    /// The target's addresses; `Err` (counted as unreachable) when it does not resolve.
+    fn addresses(&self) -> Result<Vec<SocketAddr>, String> {
+        match self.target.to_socket_addrs() {
+            Ok(a) => Ok(a.collect()),
+            // No resolver (a pod without DNS egress): nothing to connect to.
+            Err(e) => Err(format!(
+                "{} does not resolve ({e}): counted as unreachable",
+                self.target
+            )),
+        }
+    }
+
+    /// One connect to each address: the first that answers, or why none did.
+    fn connect_any(&self, addrs: &[SocketAddr]) -> Result<SocketAddr, String> {
+        let mut last_err = None;
+        for addr in addrs {
+            match TcpStream::connect_timeout(addr, self.connect_timeout) {
+                Ok(_) => return Ok(*addr),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.map_or_else(|| "no address".to_string(), |e| e.to_string()))
     }
 }
 

@@ -5,7 +5,8 @@
 //! are the one-shot runner's code, not a second copy, and the limits it sets on itself (rlimits,
 //! seccomp) bind the program without binding the long-lived agent. The agent only adds:
 //! the cleanup between runs ([`super::cleanup`]), `kill` (the program is SIGKILLed and the
-//! record's verdict becomes `CANCELLED`), and a runner that dies without a record (the
+//! record's verdict becomes `CANCELLED`), a pod found not isolated while a program runs (it
+//! is killed: `INFRA_ERROR` naming the cause), and a runner that dies without a record (the
 //! program may kill it: same uid) ending as `INFRA_ERROR` with the output relayed so far.
 
 use std::io::{BufReader, Write};
@@ -122,6 +123,10 @@ fn relay(agent: &Agent, id: &str, spec: &RunSpec) -> RunRecord {
     let mut record = None;
     let mut problem = None;
     loop {
+        if let Some(message) = agent.isolation_lost() {
+            problem = Some(message);
+            break;
+        }
         let killing = agent.kill_requested(id);
         if killing {
             kill_program(runner);

@@ -142,12 +142,15 @@ impl Agent {
             let a = agent.clone();
             spawn("agent-reach", move || {
                 let result = check.run();
-                let mut iso = lock(&a.isolation);
-                (iso.state, iso.message) = match result {
+                let passed = result.is_ok();
+                a.set_isolation(match result {
                     Ok(m) => (IsolationState::Isolated, m),
                     Err(m) => (IsolationState::Reachable, m),
-                };
-                a.isolation_cv.notify_all();
+                });
+                if passed {
+                    let lost = check.watch(a.started);
+                    a.set_isolation((IsolationState::Reachable, lost));
+                }
             });
         }
         let a = agent.clone();
@@ -624,6 +627,19 @@ impl Agent {
     /// The run is over (its final event was emitted).
     pub(crate) fn run_ended(&self) {
         lock(&self.state).active_run = None;
+    }
+
+    fn set_isolation(&self, (state, message): (IsolationState, String)) {
+        let mut iso = lock(&self.isolation);
+        (iso.state, iso.message) = (state, message);
+        self.isolation_cv.notify_all();
+    }
+
+    /// The message naming the cause once the pod was found not isolated (at the first check
+    /// or by the watch after it): the running program is killed, later runs refused.
+    pub(crate) fn isolation_lost(&self) -> Option<String> {
+        let iso = lock(&self.isolation);
+        (iso.state == IsolationState::Reachable).then(|| iso.message.clone())
     }
 
     /// Waits for the reachability check: `Err` with its message when runs are refused.

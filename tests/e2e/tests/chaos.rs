@@ -689,3 +689,85 @@ async fn a_deleted_or_opened_deny_all_policy_is_restored() {
     .unwrap();
     assert_eq!(restored_total(&kube).await, base + 2.0, "each counted once");
 }
+
+/// A session pod whose sandbox label (what the deny-all policy selects) is removed gets it
+/// back from the operator, with a Warning event on the session. What a run in the session
+/// says after it depends on who was faster, the operator or the policy controller: it may
+/// run (the label was back first) or end INFRA_ERROR (the agent saw the pod open and now
+/// refuses every run); it never runs with the network.
+#[tokio::test]
+async fn a_session_pod_stripped_of_its_sandbox_label_gets_it_back() {
+    let Some(d) = deployed("chaos_session_label") else {
+        return;
+    };
+    let _chaos = CHAOS.lock().await;
+    let kube = Client::try_default().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let sessions: Api<toolrun_crd::ToolSession> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    let sid = new_session(&d).await;
+    let lp = ListParams::default().labels(&format!("toolrun.dev/session-id={sid}"));
+    let ts = sessions.list(&lp).await.unwrap().items.remove(0);
+    let pod = ts
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_name.clone())
+        .expect("session pod");
+    let label = |p: &Pod| p.labels().get("toolrun.dev/sandbox").cloned();
+    assert_eq!(
+        label(&pods.get(&pod).await.unwrap()).as_deref(),
+        Some("true")
+    );
+    let t = Instant::now();
+    pods.patch(
+        &pod,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"toolrun.dev/sandbox": null}}})),
+    )
+    .await
+    .unwrap();
+    wait_until(Duration::from_secs(20), "the sandbox label back", || {
+        let (pods, pod) = (pods.clone(), pod.clone());
+        async move { Ok(label(&pods.get(&pod).await?).as_deref() == Some("true")) }
+    })
+    .await
+    .unwrap();
+    eprintln!("sandbox label back after {:?}", t.elapsed());
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(kube.clone(), SANDBOX_NS);
+    wait_until(Duration::from_secs(20), "an Isolated event", || {
+        let (events, name) = (events.clone(), ts.name_any());
+        async move {
+            let lp = ListParams::default().fields(&format!("involvedObject.name={name}"));
+            Ok(events
+                .list(&lp)
+                .await?
+                .items
+                .iter()
+                .any(|e| e.reason.as_deref() == Some("Isolated")))
+        }
+    })
+    .await
+    .unwrap();
+    // Whatever the race, nothing reaches the gateway from the session.
+    let probe = "import socket\ntry:\n    socket.create_connection(('toolrun-gateway.toolrun-e2e-system', 50051), timeout=2)\n    print('CONNECTED')\nexcept OSError as e:\n    print('BLOCKED', type(e).__name__)";
+    let (_, req) = call(
+        "run_code",
+        &sid,
+        json!({"language": "python", "code": probe}),
+    );
+    let after = ended(&d, req, Duration::from_secs(60)).await;
+    eprintln!("a run after the label came back: {after:?}");
+    match &after {
+        Ended::Ok(v) => assert!(
+            v["stdout"]
+                .as_str()
+                .unwrap_or_default()
+                .starts_with("BLOCKED"),
+            "{after:?}"
+        ),
+        Ended::Tool(pb::ErrorCode::Unavailable, m) => {
+            assert!(m.contains("reachable from the sandbox"), "{m}")
+        }
+        other => panic!("{other:?}"),
+    }
+    close_session(&d, &sid).await;
+}

@@ -441,3 +441,51 @@ async fn the_runner_refuses_to_run_while_the_api_server_is_reachable() {
     })
     .await;
 }
+
+/// A pod that starts the sandbox image's agent at once (`--require-unreachable auto`), sends
+/// it one run after 6 s (the policy controller has programmed the pod by then) and a status,
+/// and prints the agent's answers.
+fn agent_watch_pod(name: &str, labels: &[(&str, &str)]) -> Pod {
+    let spec = serde_json::json!({
+        "language": "bash", "code": "echo program-ran", "interpreter": "/bin/bash",
+        "limits": {"timeout_ms": 10000, "output_limit_bytes": 65536}
+    });
+    let run = serde_json::json!({"id": "r1", "op": "run", "spec": spec});
+    let status = serde_json::json!({"id": "s1", "op": "status"});
+    let script = format!(
+        "(sleep 6; echo '{run}'; sleep 2; echo '{status}'; sleep 2) | timeout 12 /usr/local/bin/toolrun-runner agent --require-unreachable auto --unreachable-wait-ms 1500 --no-cleanup; true"
+    );
+    sandbox_pod(name, labels, vec!["/bin/bash".into(), "-c".into(), script])
+}
+
+#[tokio::test]
+async fn the_agent_keeps_checking_and_refuses_runs_once_the_api_server_becomes_reachable() {
+    // A long-lived agent starts before the policy controller has programmed its pod: the
+    // controller fails closed, so the first check passes even in a pod that no policy
+    // isolates (how a warm session pod without the sandbox label once ran programs with the
+    // pod network). The agent keeps checking: once the pod is programmed open, runs end
+    // INFRA_ERROR. Control: the same pod under a deny-all egress policy runs the program.
+    run_in_namespace("agent-reach-watch", |ns| async move {
+        deny_egress_of_isolated(&ns).await?;
+
+        let open = first_moment(&ns, agent_watch_pod("open", &[])).await?;
+        ensure!(
+            open.contains("\"verdict\":\"INFRA_ERROR\"")
+                && open.contains("became reachable from the sandbox")
+                && open.contains("\"state\":\"reachable\"")
+                && !open.contains("program-ran"),
+            "the agent ran a program with the API server reachable (or the first check, not \
+             the watch, refused it): {open}"
+        );
+        let isolated =
+            first_moment(&ns, agent_watch_pod("isolated", &[("role", "isolated")])).await?;
+        ensure!(
+            isolated.contains("program-ran")
+                && isolated.contains("\"verdict\":\"OK\"")
+                && isolated.contains("\"state\":\"isolated\""),
+            "the isolated pod did not run the program: {isolated}"
+        );
+        Ok(())
+    })
+    .await;
+}

@@ -20,6 +20,10 @@ BRIDGE=toolrunbr0
 POD_CIDR=10.244.0.0/16
 POD_GW=10.244.0.1
 SERVICE_CIDR=10.96.0.0/16
+# A "public" network routed from pods to the node (TEST-NET-3, RFC 5737): the web egress
+# test puts a server on the node's lo at an address in it, which the gateway may reach
+# (the chart's public-only egress rule) and sandbox pods may not (their deny-all).
+WEB_TEST_NET=203.0.113.0/24
 KUBERNETES_SVC_IP=10.96.0.1
 ETCD_PORT=12379
 CONTAINERD_SOCK=$RUN_DIR/containerd/containerd.sock

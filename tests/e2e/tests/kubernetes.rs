@@ -3127,3 +3127,178 @@ mod sessions_contract {
 
     session_contract::every_case!(contract);
 }
+
+// ------------------------------------------------------------------ web egress
+
+/// A plain HTTP server answering `body` on the node at `ip:port` (the address added to
+/// `lo`); gone (process and address) when dropped.
+struct NodeServer {
+    child: std::process::Child,
+    ip: String,
+}
+
+impl NodeServer {
+    fn start(ip: &str, port: u16, body: &str) -> NodeServer {
+        // A leftover of an interrupted run is replaced.
+        let _ = Command::new("ip")
+            .args(["addr", "del", &format!("{ip}/32"), "dev", "lo"])
+            .output();
+        run_cmd(Command::new("ip").args(["addr", "add", &format!("{ip}/32"), "dev", "lo"]))
+            .expect("adding the test address to lo (needs root)");
+        let script = format!(
+            "import http.server\nclass H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        self.send_response(200); self.send_header('Content-Type', 'text/plain'); self.end_headers(); self.wfile.write({body:?}.encode())\n    def log_message(self, *a): pass\nhttp.server.HTTPServer(('{ip}', {port}), H).serve_forever()"
+        );
+        let child = Command::new("python3")
+            .args(["-c", &script])
+            .spawn()
+            .expect("python3 on the node");
+        NodeServer {
+            child,
+            ip: ip.to_string(),
+        }
+    }
+}
+
+impl Drop for NodeServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new("ip")
+            .args(["addr", "del", &format!("{}/32", self.ip), "dev", "lo"])
+            .output();
+    }
+}
+
+/// One web_fetch through the gateway: the result and its output.
+async fn web_fetch(d: &Deployed, url: &str) -> Result<pb::ToolResult> {
+    let mut c = client(d).await;
+    c.call_tool(pb::CallToolRequest {
+        call_id: unique("web"),
+        tool: "web_fetch".into(),
+        arguments_json: json!({"url": url, "timeout": 15}).to_string(),
+        timeout_ms: 0,
+        session_id: String::new(),
+    })
+    .await?
+    .into_inner()
+    .result
+    .context("no result")
+}
+
+/// The web tools' egress on Kubernetes (chart `gateway.web.egress: true`): the gateway's
+/// web_fetch reaches a public address (a server on the node at TEST-NET-3 address
+/// 203.0.113.10), but not a pod's private address even with web_fetch's own private-address
+/// check switched off for the pod network (the release allows 10.244.0.0/16 for this test):
+/// the chart's NetworkPolicy drops it (a timeout, not a refusal; control: the node reaches
+/// the same pod). Sandbox pods stay without any network: a program cannot reach the public
+/// server the gateway just fetched from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn web_fetch_reaches_public_addresses_only_and_sandboxes_stay_offline() {
+    let Some(d) = deployed("web-egress") else {
+        return;
+    };
+    let _server = NodeServer::start(WEB_PUBLIC_IP, 80, "public hello");
+    // The node's server answers (control of the setup).
+    wait_until(
+        Duration::from_secs(20),
+        "the node's test server",
+        || async {
+            Ok(run_cmd(Command::new("curl").args([
+                "-fsS",
+                "--max-time",
+                "2",
+                &format!("http://{WEB_PUBLIC_IP}/"),
+            ]))
+            .is_ok_and(|b| b == "public hello"))
+        },
+    )
+    .await
+    .unwrap();
+
+    // 1. Public: fetched.
+    let r = web_fetch(&d, &format!("http://{WEB_PUBLIC_IP}/"))
+        .await
+        .unwrap();
+    let out: Value = serde_json::from_str(&r.output_json).unwrap_or(Value::Null);
+    assert!(r.error.is_none(), "web_fetch of a public address: {r:?}");
+    assert_eq!(out["status"], 200, "{out}");
+    assert!(
+        out["body"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("public hello"),
+        "{out}"
+    );
+
+    // 2. Private (a pod): the policy drops it.
+    run_in_namespace("web-egress-private", |ns| {
+        let d = d.clone();
+        async move {
+            let pods = ns.pods();
+            const SERVER: &str = "import http.server\nclass H(http.server.BaseHTTPRequestHandler):\n    def do_GET(self):\n        self.send_response(200); self.end_headers(); self.wfile.write(b'private hello')\n    def log_message(self, *a): pass\ns = http.server.HTTPServer(('0.0.0.0', 8080), H)\nprint('listening', flush=True)\ns.serve_forever()";
+            pods.create(
+                &PostParams::default(),
+                &sandbox_pod("private-server", &[], python(SERVER)),
+            )
+            .await?;
+            let p = wait_pod(
+                &pods,
+                "private-server",
+                Duration::from_secs(90),
+                "running",
+                |p| phase(p) == "Running",
+            )
+            .await?;
+            wait_until(Duration::from_secs(30), "the pod's server to listen", || {
+                let pods = pods.clone();
+                async move { Ok(logs(&pods, "private-server").await?.contains("listening")) }
+            })
+            .await?;
+            let ip = p.status.and_then(|s| s.pod_ip).context("pod IP")?;
+            // Control: the node reaches it.
+            let body = run_cmd(Command::new("curl").args([
+                "-fsS",
+                "--max-time",
+                "5",
+                &format!("http://{ip}:8080/"),
+            ]))?;
+            ensure!(body == "private hello", "control: {body}");
+            let r = web_fetch(&d, &format!("http://{ip}:8080/")).await?;
+            let e = r.error.clone().context("a private pod was fetched")?;
+            let code = pb::ErrorCode::try_from(e.code)?;
+            eprintln!("web_fetch of pod {ip}:8080: {code:?} {}", e.message);
+            // Dropped by the policy: the connection times out; it is neither refused by
+            // web_fetch's address check (allowed here) nor by the pod (it listens).
+            ensure!(
+                matches!(code, pb::ErrorCode::Timeout | pb::ErrorCode::ExecutionError)
+                    && !e.message.contains("refused")
+                    && !e.message.contains("blocked"),
+                "{code:?}: {}",
+                e.message
+            );
+            ensure!(
+                code == pb::ErrorCode::Timeout
+                    || e.message.contains("timed out")
+                    || e.message.contains("timeout"),
+                "not a timeout: {code:?} {}",
+                e.message
+            );
+            Ok(())
+        }
+    })
+    .await;
+
+    // 3. A sandbox pod cannot reach the public server.
+    let code = format!(
+        "import socket\ns = socket.socket(); s.settimeout(3)\ntry:\n    s.connect(('{WEB_PUBLIC_IP}', 80)); print('CONNECTED')\nexcept OSError as e:\n    print('NOT CONNECTED', type(e).__name__)"
+    );
+    let ran = run(
+        &d,
+        unique("web-sandbox"),
+        json!({"language": "python", "code": code}),
+    )
+    .await
+    .unwrap();
+    assert!(ran.code.is_none(), "{ran:?}");
+    assert!(ran.stdout().starts_with("NOT CONNECTED"), "{ran:?}");
+}

@@ -35,6 +35,9 @@ pub struct Deployed {
     pub apiserver_ip: String,
 }
 
+/// The "public" address of the web egress test: TEST-NET-3 (RFC 5737), on the node's `lo`.
+pub const WEB_PUBLIC_IP: &str = "203.0.113.10";
+
 pub static DEPLOYED: OnceLock<Option<Result<Deployed, String>>> = OnceLock::new();
 
 pub fn repo() -> PathBuf {
@@ -100,6 +103,20 @@ pub async fn install(client: &Client) -> Result<Deployed> {
             .args([
                 "--set",
                 &format!("sandbox.toolImages[0]={}", sandbox_image()),
+            ])
+            // The web tools' egress (web_fetch_reaches_public_addresses_only_*): the chart's
+            // public-only rule, a "public" test server on the node (TEST-NET-3, which the
+            // rule and web_fetch treat as public) allowed without approval, and the pod
+            // network exempted from web_fetch's own private-address check, so that only the
+            // NetworkPolicy stands between the gateway and a pod.
+            .args(["--set", "gateway.web.egress=true"])
+            .args([
+                "--set",
+                &format!("gateway.config.web.fetch.allow={{http://{WEB_PUBLIC_IP},http://*:8080}}"),
+            ])
+            .args([
+                "--set",
+                "gateway.config.web.fetch.allow_addresses={10.244.0.0/16}",
             ])
             .args(["--wait", "--timeout", "4m"]),
     );

@@ -747,8 +747,12 @@ async fn a_session_pod_stripped_of_its_sandbox_label_gets_it_back() {
     })
     .await
     .unwrap();
-    // Whatever the race, nothing reaches the gateway from the session.
-    let probe = "import socket\ntry:\n    socket.create_connection(('toolrun-gateway.toolrun-e2e-system', 50051), timeout=2)\n    print('CONNECTED')\nexcept OSError as e:\n    print('BLOCKED', type(e).__name__)";
+    // Whatever the race, nothing reaches the API server from the session (dropped: a
+    // timeout).
+    let probe = format!(
+        "import socket\ntry:\n    socket.create_connection(('{}', 443), timeout=2)\n    print('CONNECTED')\nexcept OSError as e:\n    print('BLOCKED', type(e).__name__)",
+        d.apiserver_ip
+    );
     let (_, req) = call(
         "run_code",
         &sid,

@@ -153,7 +153,11 @@ pub fn decide(
         let same = status.phase == s.phase
             && status.pod_name == s.pod_name
             && status.message == s.message
-            && status.expires_at.as_ref().map(|t| t.0) == expires_at(ts);
+            // At the status's precision: a Time is written in whole seconds, and the
+            // gateway's last-activity has milliseconds (compared exactly, the status was
+            // written again every second for as long as the session lived).
+            && status.expires_at.as_ref().map(|t| t.0.as_second())
+                == expires_at(ts).map(|e| e.as_second());
         if same {
             SessionDecision::Wait(RESYNC)
         } else {

@@ -1,6 +1,7 @@
 use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateRunning, ContainerStatus, PodStatus,
 };
+use k8s_openapi::jiff::SignedDuration;
 use toolrun_crd::session::{SessionWorkspace, ToolSessionSpec};
 
 use super::*;
@@ -477,4 +478,36 @@ fn a_session_pod_without_the_sandbox_label_is_labelled_before_it_is_ready() {
         SessionDecision::Status(st) => assert_eq!(st.phase, Some(SessionPhase::Ready)),
         d => panic!("{d:?}"),
     }
+}
+
+/// An idle Ready session is left alone: its status, written once with the expiry in whole
+/// seconds (a Time's precision), matches a last-activity with milliseconds. (Compared
+/// exactly, it was written again every second: two API requests per idle session per second.)
+#[test]
+fn a_ready_session_with_a_sub_second_last_activity_is_not_written_again() {
+    let mut s = session(600);
+    let used = ts(500)
+        .checked_add(SignedDuration::from_millis(437))
+        .unwrap();
+    s.metadata.annotations = Some([(labels::LAST_ACTIVITY.to_string(), used.to_string())].into());
+    let running = pod_of(&s, "Running", true);
+    let SessionDecision::Status(mut st) = decide(&s, Some(&running), None, ts(501), GRACE) else {
+        panic!("a new Ready status is written first");
+    };
+    // As it reads back from the API server: times in whole seconds.
+    let whole = |t: Timestamp| Time(Timestamp::from_second(t.as_second()).unwrap());
+    st.expires_at = expires_at(&s).map(whole);
+    st.last_activity = last_activity(&s).map(whole);
+    s.status = Some(st);
+    assert_eq!(
+        decide(&s, Some(&running), None, ts(502), GRACE),
+        SessionDecision::Wait(RESYNC)
+    );
+    // Control: used again a second later, the expiry moves and is written.
+    let later = used.checked_add(SignedDuration::from_secs(1)).unwrap();
+    s.metadata.annotations = Some([(labels::LAST_ACTIVITY.to_string(), later.to_string())].into());
+    assert!(matches!(
+        decide(&s, Some(&running), None, ts(502), GRACE),
+        SessionDecision::Status(_)
+    ));
 }

@@ -29,7 +29,7 @@ use crate::config::ApprovalMode;
 use crate::error::ErrorCode;
 use crate::exec::{CallEvent, CallOutcome, CallRequest, DecideFailure, Executor};
 use crate::providers::{Format, Provider, ProviderError, render};
-use crate::session::{CreateSession, Session, SessionError, SessionManager};
+use crate::session::{CreateSession, Session, SessionError, SessionManager, Usage};
 use crate::tool::{Category, Determinism, SideEffect, StreamChunk};
 
 /// Most calls in one `CallTools` request.
@@ -141,9 +141,8 @@ fn session_status(e: SessionError) -> Status {
     }
 }
 
-/// The wire form of a session.
-pub fn session_proto(s: &Session) -> pb::Session {
-    let usage = s.usage();
+/// The wire form of a session with its workspace's `usage` ([`Session::usage`]).
+pub fn session_proto(s: &Session, usage: Usage) -> pb::Session {
     pb::Session {
         session_id: s.id.clone(),
         approval_mode: mode_proto(s.approval_mode) as i32,
@@ -468,7 +467,10 @@ impl pb::tool_service_server::ToolService for ToolService {
         // Locally mkfs and mount run off the runtime's threads; on kubernetes this waits
         // for the ToolSession's pod.
         let session = mgr.create_session(req).await.map_err(session_status)?;
-        Ok(Response::new(session_proto(&session)))
+        Ok(Response::new(session_proto(
+            &session,
+            session.usage().await,
+        )))
     }
 
     async fn get_session(
@@ -480,7 +482,7 @@ impl pb::tool_service_server::ToolService for ToolService {
             .sessions()?
             .get(&request.get_ref().session_id, &tenant.name)
             .map_err(session_status)?;
-        Ok(Response::new(session_proto(&s)))
+        Ok(Response::new(session_proto(&s, s.usage().await)))
     }
 
     async fn list_sessions(
@@ -488,11 +490,12 @@ impl pb::tool_service_server::ToolService for ToolService {
         request: Request<pb::ListSessionsRequest>,
     ) -> Result<Response<pb::ListSessionsResponse>, Status> {
         let tenant = Caller::of(request.extensions());
-        let sessions = self
-            .sessions()?
-            .list_for(&tenant.name)
+        let listed = self.sessions()?.list_for(&tenant.name);
+        let usages = crate::session::usage_of(&listed).await;
+        let sessions = listed
             .iter()
-            .map(|s| session_proto(s))
+            .zip(usages)
+            .map(|(s, u)| session_proto(s, u))
             .collect();
         Ok(Response::new(pb::ListSessionsResponse { sessions }))
     }
@@ -509,7 +512,7 @@ impl pb::tool_service_server::ToolService for ToolService {
             .await
             .map_err(session_status)?;
         Ok(Response::new(pb::CloseSessionResponse {
-            session: Some(session_proto(&session)),
+            session: Some(session_proto(&session, session.usage().await)),
             calls_cancelled: cancelled,
         }))
     }

@@ -67,10 +67,16 @@ struct Remote {
 /// A local agent serving a fresh workspace as ToolSession `ts-1` of tenant `acme`, the
 /// operator's relay in front of it, and the gateway's client.
 async fn remote() -> Remote {
+    remote_with(&[]).await
+}
+
+/// [`remote`] with more arguments for the agent.
+async fn remote_with(agent_args: &[&str]) -> Remote {
     let ws = temp_dir("remote");
     let mut agent = Command::new(runner())
         .args(["agent", "--require-unreachable", "off", "--workspace"])
         .arg(&ws)
+        .args(agent_args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -399,4 +405,62 @@ async fn a_wrong_relay_token_is_unavailable() {
     let err = read.call(args, &ctx(&wrong)).await.unwrap_err();
     assert_eq!(err.code, ErrorCode::Unavailable, "{}", err.message);
     assert!(err.message.contains("relay token"), "{}", err.message);
+}
+
+#[tokio::test]
+async fn get_session_reports_the_pods_usage_through_the_relay() {
+    // The operator passes the session's size: the limit GetSession reports.
+    let limit: u64 = 64 << 20;
+    let mut r = remote_with(&["--workspace-limit-bytes", &limit.to_string()]).await;
+    let session = Session::detached("s-1", "acme", ApprovalMode::All, r.files.clone());
+    let empty = session.usage().await;
+    assert_eq!(empty.bytes_limit, limit, "{empty:?}");
+    assert_eq!(empty.files_used, 1, "the workspace root: {empty:?}");
+    assert!(empty.files_limit > 0, "{empty:?}");
+    // 1 MiB written through the relay is 1 MiB more used, in GetSession's wire form too.
+    let content: String = (0..1u32 << 20)
+        .map(|i| char::from(b'a' + (i.wrapping_mul(2_654_435_761) >> 27) as u8 % 26))
+        .collect();
+    FileTool::<WriteFile>::default()
+        .call(
+            json!({"path": "big.txt", "content": content}),
+            &ctx(&r.files),
+        )
+        .await
+        .unwrap();
+    let wire = toolrun::grpc::session_proto(&session, session.usage().await);
+    assert!(
+        wire.workspace_bytes_used >= empty.bytes_used + (1 << 20),
+        "{empty:?} then {wire:?}"
+    );
+    assert!(wire.workspace_bytes_used <= wire.workspace_bytes_limit);
+    assert_eq!(wire.workspace_bytes_limit, limit);
+    assert_eq!(wire.workspace_files_used, 2);
+    // ListSessions' form: several at once, in order.
+    let other = Session::detached(
+        "s-2",
+        "other",
+        ApprovalMode::All,
+        r.relay.files("ts-1", "other"),
+    );
+    let both = toolrun::session::usage_of(&[session.clone(), other]).await;
+    assert_eq!(both[0].bytes_used, wire.workspace_bytes_used);
+    // Another tenant's session does not exist for the caller: nothing reported.
+    assert_eq!(both[1], Default::default());
+    // A detached local session (no volume of its own): the same core walks its directory.
+    let here = Session::detached("s-3", "acme", ApprovalMode::All, local())
+        .usage()
+        .await;
+    assert_eq!(here.files_used, 1, "{here:?}");
+    assert!(here.bytes_limit > 0, "{here:?}");
+    // A dead agent: zeros within the bound, never an error or a hang.
+    r.agent.kill().await.unwrap();
+    let t = std::time::Instant::now();
+    let gone = session.usage().await;
+    assert_eq!(gone, Default::default());
+    assert!(
+        t.elapsed() <= toolrun::session::USAGE_TIMEOUT + Duration::from_secs(1),
+        "{:?}",
+        t.elapsed()
+    );
 }

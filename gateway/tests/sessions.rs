@@ -210,10 +210,6 @@ impl Probe for LocalProbe {
         Some(self.ws(id))
     }
 
-    fn reports_usage(&self) -> bool {
-        true
-    }
-
     fn assert_open(&self, id: &str) {
         assert!(mounted(&self.ws(id)), "{id}: workspace not mounted");
         let image = self.state.join("workspaces").join(format!("{id}.img"));

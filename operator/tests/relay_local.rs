@@ -380,6 +380,12 @@ async fn the_relay_serves_file_ops_with_the_cores_answers_and_codes() {
     )
     .await);
     assert_eq!(again["content"], read["content"]);
+    // The workspace's usage (GetSession on kubernetes): the agent's walk, passed through.
+    let usage = ok(call(&mut c, Some(TOKEN), "ts-a", "acme", "usage", json!({})).await);
+    assert_eq!(usage["filesUsed"], 3, "root, src, main.py: {usage}");
+    assert!(usage["bytesUsed"].as_u64().unwrap() > 0, "{usage}");
+    assert!(usage["bytesLimit"].as_u64().unwrap() > 0, "{usage}");
+    assert_eq!(usage["truncated"], false, "{usage}");
 
     // The core's typed errors, unchanged.
     let cases = [
@@ -405,6 +411,7 @@ async fn the_relay_serves_file_ops_with_the_cores_answers_and_codes() {
             "ALREADY_EXISTS",
         ),
         ("read_file", json!({"nopath": 1}), "INVALID_ARGUMENTS"),
+        ("usage", json!({"path": "."}), "INVALID_ARGUMENTS"),
     ];
     for (op, args, want) in cases {
         let got = code(call(&mut c, Some(TOKEN), "ts-a", "acme", op, args.clone()).await);

@@ -275,3 +275,46 @@ fn without_a_workspace_file_ops_are_refused() {
     assert_eq!(error(&r).0, "NO_WORKSPACE");
     assert_eq!(a.status("s")["workspace"], Value::Null);
 }
+
+#[test]
+fn usage_reports_the_walk_and_the_configured_limit() {
+    let ws_dir = temp_dir("usage");
+    let limit: u64 = 64 << 20;
+    let mut a = Agent::spawn(&[
+        "--workspace",
+        ws_dir.to_str().unwrap(),
+        "--workspace-limit-bytes",
+        &limit.to_string(),
+    ]);
+    let before = ok(&call(&mut a, "u1", K::Usage, json!({})));
+    assert_eq!(before["bytesLimit"], limit, "{before}");
+    assert_eq!(before["filesUsed"], 1, "{before}");
+    assert_eq!(before["truncated"], false, "{before}");
+    // A program's write (not a file op) shows: 1 MiB more.
+    let data: Vec<u8> = (0..1u32 << 20).map(|i| (i * 7 + i / 251) as u8).collect();
+    std::fs::write(ws_dir.join("big.bin"), data).unwrap();
+    let after = ok(&call(&mut a, "u2", K::Usage, json!({})));
+    let grown = after["bytesUsed"].as_u64().unwrap() - before["bytesUsed"].as_u64().unwrap();
+    assert!(grown >= 1 << 20, "{before} then {after}");
+    assert_eq!(after["filesUsed"], 2, "{after}");
+    // The answer is the core's, which is unit tested on hostile trees.
+    let core = Workspace::open(
+        &ws_dir,
+        WorkspaceLimits {
+            size_bytes: Some(limit),
+            ..WorkspaceLimits::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(after, serde_json::to_value(core.usage().unwrap()).unwrap());
+    // Arguments are an empty object: anything else is refused, as for every op.
+    let r = call(&mut a, "u3", K::Usage, json!({"path": "."}));
+    assert_eq!(error(&r).0, "INVALID_ARGUMENTS");
+
+    // Control: without the flag, the filesystem's size (the node's disk on an emptyDir).
+    let mut plain = Agent::spawn(&["--workspace", ws_dir.to_str().unwrap()]);
+    let u = ok(&call(&mut plain, "u1", K::Usage, json!({})));
+    let vfs = rustix::fs::statvfs(&ws_dir).unwrap();
+    assert_eq!(u["bytesLimit"], vfs.f_blocks * vfs.f_frsize, "{u}");
+    assert_ne!(u["bytesLimit"], limit);
+}

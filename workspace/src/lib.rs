@@ -1,6 +1,6 @@
 //! The file-access core of a session's workspace: every file tool (read_file, write_file,
 //! list_directory, delete_file, move_file, glob, grep, edit) as a method of [`Workspace`], a
-//! handle on the workspace's root directory fd.
+//! handle on the workspace's root directory fd, and the workspace's usage.
 //!
 //! Every path is resolved by the kernel beneath that fd (`openat2` with `RESOLVE_BENEATH |
 //! RESOLVE_NO_MAGICLINKS`) and the final component is acted on with `*at` calls on its
@@ -22,6 +22,7 @@ mod moves;
 mod path;
 mod read;
 mod sys;
+mod usage;
 mod walk;
 mod workspace;
 mod write;
@@ -36,5 +37,6 @@ pub use list::{DirEntry, EntryType, ListDirectoryArgs, ListDirectoryOutput};
 pub use moves::{MoveFileArgs, MoveFileOutput};
 pub use path::WORKSPACE_MOUNT;
 pub use read::{Encoding, ReadFileArgs, ReadFileOutput};
+pub use usage::{UsageArgs, UsageOutput};
 pub use workspace::Workspace;
 pub use write::{WriteFileArgs, WriteFileOutput};

@@ -18,8 +18,8 @@ pub struct WorkspaceLimits {
     pub max_list_entries: usize,
     /// Paths glob returns.
     pub max_glob_results: usize,
-    /// Directory entries one glob, grep or recursive list may visit (bounds the walk's time and
-    /// memory on a tree a program filled with millions of files).
+    /// Directory entries one glob, grep, recursive list or usage may visit (bounds the walk's
+    /// time and memory on a tree a program filled with millions of files).
     pub max_walk_entries: usize,
     /// Matches grep returns when the call gives no `maxResults`.
     pub max_grep_results: usize,
@@ -39,6 +39,10 @@ pub struct WorkspaceLimits {
     /// fdatasync each written file before it is renamed into place: the write survives a
     /// host crash, not only a gateway crash (which the page cache already survives).
     pub sync_writes: bool,
+    /// The workspace's size when its filesystem does not show it: a Kubernetes emptyDir's
+    /// `sizeLimit` is enforced by the kubelet, and statvfs of the mount shows the node's disk.
+    /// `usage` reports the smaller of this and the filesystem's size (None: the filesystem's).
+    pub size_bytes: Option<u64>,
 }
 
 /// 16 MiB.
@@ -61,6 +65,7 @@ impl Default for WorkspaceLimits {
             max_edit_bytes: MAX_FILE_BYTES,
             allow_hard_links: false,
             sync_writes: true,
+            size_bytes: None,
         }
     }
 }

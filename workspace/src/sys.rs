@@ -73,6 +73,8 @@ impl Kind {
 pub(crate) struct Meta {
     pub kind: Kind,
     pub size: u64,
+    /// 512-byte blocks allocated (what the file takes on disk).
+    pub blocks: u64,
     pub mode: u32,
     pub nlink: u64,
     pub dev: u64,
@@ -88,6 +90,7 @@ impl From<fs::Stat> for Meta {
         Self {
             kind: Kind::from_file_type(FileType::from_raw_mode(st.st_mode as _)),
             size: st.st_size.max(0) as u64,
+            blocks: st.st_blocks.max(0) as u64,
             mode: st.st_mode as u32,
             nlink: st.st_nlink as u64,
             dev: st.st_dev as u64,

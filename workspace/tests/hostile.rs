@@ -648,3 +648,71 @@ fn full_filesystem_is_quota_exceeded() {
         .collect();
     assert_eq!(names, ["keep.txt"], "the temporary file was removed");
 }
+
+#[test]
+fn usage_never_follows_links_nor_opens_specials() {
+    let f = Fixture::new();
+    // Outside: 4 MiB a followed link would count.
+    fs::write(f.outside.join("big"), vec![7u8; 4 << 20]).unwrap();
+    let before = f.ws.usage().unwrap();
+    plant_links(&f);
+    f.symlink("../outside/big", "big_link");
+    make_specials(&f);
+    // A hard link is one inode: counted once.
+    f.write("once.bin", vec![1u8; 1 << 20]);
+    fs::hard_link(f.root.join("once.bin"), f.root.join("twice.bin")).unwrap();
+    // A sparse terabyte takes the blocks it has, not its size.
+    fs::File::create(f.root.join("sparse"))
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let t = Instant::now();
+    let u = f.ws.usage().unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert!(!u.truncated, "{u:?}");
+    // 7 planted links, sub, big_link, 3 specials, once.bin's inode (two names), sparse.
+    assert_eq!(u.files_used, before.files_used + 14, "{u:?}");
+    let grown = u.bytes_used - before.bytes_used;
+    assert!(
+        (1 << 20..2 << 20).contains(&grown),
+        "once.bin once, no link followed: grew {grown}"
+    );
+}
+
+#[test]
+fn usage_counts_nothing_on_a_filesystem_mounted_inside() {
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let f = Fixture::new();
+    let mnt = f.root.join("mnt");
+    fs::create_dir(&mnt).unwrap();
+    let before = f.ws.usage().unwrap();
+    let status = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(status.success(), "mount tmpfs (run the tests as root)");
+    let _unmount = Unmount(mnt.clone());
+    fs::write(mnt.join("elsewhere.bin"), vec![3u8; 2 << 20]).unwrap();
+    let u = f.ws.usage().unwrap();
+    assert_eq!(
+        u.files_used,
+        before.files_used - 1,
+        "the mount point: {u:?}"
+    );
+    assert!(
+        u.bytes_used < before.bytes_used + (1 << 20),
+        "{before:?} {u:?}"
+    );
+    // Control: the same file on the workspace's own filesystem counts.
+    fs::write(f.root.join("here.bin"), vec![3u8; 2 << 20]).unwrap();
+    assert!(f.ws.usage().unwrap().bytes_used >= u.bytes_used + (2 << 20));
+}

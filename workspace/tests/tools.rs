@@ -703,3 +703,69 @@ fn schemas_use_the_design_names() {
     assert_eq!(v["additionalProperties"], json!(false));
     assert_eq!(v["required"], json!(["path"]));
 }
+
+#[test]
+fn usage_counts_what_is_written_and_reports_the_smaller_limit() {
+    let f = Fixture::new();
+    let empty = f.ws.usage().unwrap();
+    assert_eq!(empty.files_used, 1, "the root: {empty:?}");
+    assert!(!empty.truncated);
+    // 1 MiB of bytes no filesystem compresses away, in a subdirectory.
+    let data: Vec<u8> = (0..1u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    f.write("d/one.bin", &data);
+    f.write("d/small.txt", "x");
+    let used = f.ws.usage().unwrap();
+    assert_eq!(used.files_used, 4, "root, d, two files: {used:?}");
+    assert!(
+        used.bytes_used >= empty.bytes_used + (1 << 20),
+        "{empty:?} then {used:?}"
+    );
+    assert!(
+        used.bytes_used < empty.bytes_used + (1 << 20) + (256 << 10),
+        "blocks, not more: {used:?}"
+    );
+    // Without a configured size: the filesystem's (statvfs), as the local backend reports.
+    let vfs = rustix::fs::statvfs(&f.root).unwrap();
+    let fs_bytes = vfs.f_blocks * vfs.f_frsize;
+    assert_eq!(used.bytes_limit, fs_bytes);
+    assert_eq!(used.files_limit, vfs.f_files);
+    // A configured size below the filesystem's (an emptyDir's sizeLimit) is the limit; one
+    // above it (a claim on a smaller volume) is not.
+    for (size, want) in [(64 << 20, 64 << 20), (u64::MAX, fs_bytes)] {
+        let ws = Workspace::open(
+            &f.root,
+            WorkspaceLimits {
+                size_bytes: Some(size),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let u = ws.usage().unwrap();
+        assert_eq!(u.bytes_limit, want, "size {size}");
+        assert_eq!(u.bytes_used, used.bytes_used);
+    }
+    // Deleting gives the space back.
+    fs::remove_dir_all(f.root.join("d")).unwrap();
+    assert_eq!(f.ws.usage().unwrap(), empty);
+}
+
+#[test]
+fn usage_stops_at_the_entry_cap_and_says_so() {
+    let capped = Fixture::with_limits(WorkspaceLimits {
+        max_walk_entries: 10,
+        ..Default::default()
+    });
+    for i in 0..50 {
+        capped.write(&format!("f{i:02}"), "x");
+    }
+    let u = capped.ws.usage().unwrap();
+    assert!(u.truncated, "{u:?}");
+    assert!(u.files_used <= 11, "{u:?}");
+    // Control: the same tree under the default cap is counted whole.
+    let whole = Workspace::open(&capped.root, WorkspaceLimits::default()).unwrap();
+    let u = whole.usage().unwrap();
+    assert!(!u.truncated, "{u:?}");
+    assert_eq!(u.files_used, 51);
+}

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use toolrun_proto::relay::session_relay_client::SessionRelayClient;
 use toolrun_proto::relay::{FileOpRequest, file_op_reply};
 use toolrun_runner::agent::proto::{ErrorCode as AgentCode, FileOpKind};
-use toolrun_workspace::{FsError, Workspace};
+use toolrun_workspace::{FsError, UsageOutput, Workspace};
 
 use crate::error::{ErrorCode, ToolError};
 
@@ -254,6 +254,22 @@ impl SessionFiles {
                     out,
                 )?
                 .path)
+            }
+        }
+    }
+
+    /// The workspace's usage as the file-access core walks it (locally the walk of the
+    /// directory; on kubernetes the session pod's agent walks its volume and knows its
+    /// size).
+    pub async fn usage(&self) -> Result<UsageOutput, ToolError> {
+        match self {
+            SessionFiles::Local(ws) => {
+                let ws = ws.clone();
+                blocking(move || ws.usage()).await
+            }
+            SessionFiles::Remote(r) => {
+                let out = r.call(FileOpKind::Usage, &json!({})).await?;
+                parse(FileOpKind::Usage, out)
             }
         }
     }

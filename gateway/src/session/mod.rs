@@ -301,22 +301,79 @@ impl Session {
         }
     }
 
-    /// Bytes and files used in the workspace, and its limits (statvfs of its filesystem).
-    pub fn usage(&self) -> Usage {
-        if self.tool_session.is_some() {
-            // In the session pod; not reported yet.
+    /// Bytes and files used in the workspace, and its limits; zeros once it is closed (its
+    /// workspace is gone) or when they cannot be had.
+    ///
+    /// Locally, statvfs of the workspace's own filesystem (exact and immediate). On
+    /// kubernetes the session pod's agent walks its volume and reports the session's size
+    /// (an emptyDir's `sizeLimit`, which statvfs in the pod does not show): a relay round
+    /// trip bounded by [`USAGE_TIMEOUT`], zeros (logged at debug) when it fails, so that
+    /// GetSession never fails or hangs because of a pod. A [`Session::detached`] one has no
+    /// volume of its own: the core walks its files.
+    pub async fn usage(&self) -> Usage {
+        self.usage_until(tokio::time::Instant::now() + USAGE_TIMEOUT)
+            .await
+    }
+
+    /// [`Session::usage`], waiting for a session pod until `deadline` at the latest.
+    pub async fn usage_until(&self, deadline: tokio::time::Instant) -> Usage {
+        if self.is_closed() {
             return Usage::default();
         }
-        match rustix::fs::statvfs(&self.workspace_dir) {
-            Ok(s) => Usage {
-                bytes_used: (s.f_blocks - s.f_bfree) * s.f_frsize,
-                bytes_limit: s.f_blocks * s.f_frsize,
-                files_used: s.f_files - s.f_ffree,
-                files_limit: s.f_files,
-            },
-            Err(_) => Usage::default(),
+        if !self.workspace_dir.as_os_str().is_empty() {
+            return match rustix::fs::statvfs(&self.workspace_dir) {
+                Ok(s) => Usage {
+                    bytes_used: (s.f_blocks - s.f_bfree) * s.f_frsize,
+                    bytes_limit: s.f_blocks * s.f_frsize,
+                    files_used: s.f_files - s.f_ffree,
+                    files_limit: s.f_files,
+                },
+                Err(_) => Usage::default(),
+            };
+        }
+        match tokio::time::timeout_at(deadline, self.files.usage()).await {
+            Ok(Ok(u)) => {
+                if u.truncated {
+                    tracing::debug!(session_id = %self.id, "workspace usage: the walk stopped at its entry cap; the used figures are lower bounds");
+                }
+                Usage {
+                    bytes_used: u.bytes_used,
+                    bytes_limit: u.bytes_limit,
+                    files_used: u.files_used,
+                    files_limit: u.files_limit,
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(session_id = %self.id, error = %e.message, "workspace usage not reported");
+                Usage::default()
+            }
+            Err(_) => {
+                tracing::debug!(session_id = %self.id, "workspace usage not reported in time");
+                Usage::default()
+            }
         }
     }
+}
+
+/// How long [`Session::usage`] waits for a session pod's answer: a relay round trip and a
+/// walk of at most the core's `max_walk_entries`, short enough for a GetSession.
+pub const USAGE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Session pods asked for their usage at once by [`usage_of`] (each answer is a walk in
+/// its pod and a call through the operator's relay).
+const USAGE_CONCURRENCY: usize = 32;
+
+/// The usage of each of `sessions`, in order (ListSessions): at most
+/// [`USAGE_CONCURRENCY`] session pods asked at once, all within one [`USAGE_TIMEOUT`] (the
+/// ones not answered by then report zeros).
+pub async fn usage_of(sessions: &[Arc<Session>]) -> Vec<Usage> {
+    use futures::StreamExt;
+    let deadline = tokio::time::Instant::now() + USAGE_TIMEOUT;
+    futures::stream::iter(sessions.iter().cloned())
+        .map(|s| async move { s.usage_until(deadline).await })
+        .buffered(USAGE_CONCURRENCY)
+        .collect()
+        .await
 }
 
 /// Space used in a workspace.
@@ -324,11 +381,12 @@ impl Session {
 pub struct Usage {
     /// Bytes used.
     pub bytes_used: u64,
-    /// Size of the workspace's filesystem.
+    /// The workspace's size (its filesystem's; a session pod's configured size, or its
+    /// volume's when smaller).
     pub bytes_limit: u64,
-    /// Inodes used.
+    /// Inodes (files, directories, ...) used.
     pub files_used: u64,
-    /// Inodes available in all.
+    /// Inodes of its filesystem.
     pub files_limit: u64,
 }
 

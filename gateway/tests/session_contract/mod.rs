@@ -31,6 +31,16 @@ pub const RPC_BOUND: Duration = Duration::from_secs(120);
 /// session to expire).
 const WAIT_BOUND: Duration = Duration::from_secs(60);
 
+/// The workspace size both suites' gateways are configured with: the server's default
+/// `sessions.workspace_size_mb` and the chart's default `sessions.workspaceSizeMiB`.
+pub const WORKSPACE_SIZE: u64 = 1024 << 20;
+
+/// What a workspace's filesystem may keep of [`WORKSPACE_SIZE`] for itself: the local
+/// backend's ext4 image reports its size less its journal and inode tables (about 6% of
+/// 1 GiB), a session pod its emptyDir's `sizeLimit` exactly. GetSession's limit is within
+/// this much below the configured size on both.
+const FS_OVERHEAD: u64 = WORKSPACE_SIZE / 10;
+
 /// Bound of a file-tool call that must not block (a FIFO, a huge file): well under a
 /// tool's own timeout, well over a relay round trip on a loaded node.
 const PROMPT: Duration = Duration::from_secs(10);
@@ -48,10 +58,6 @@ pub trait Probe: Sync {
     /// (Kubernetes: a pod and a volume each).
     fn workspace_dir(&self, _id: &str) -> Option<PathBuf> {
         None
-    }
-    /// Whether GetSession reports the workspace's size and use.
-    fn reports_usage(&self) -> bool {
-        false
     }
     /// Asserts the backend holds open session `id` (local: mounted workspace, image, record).
     fn assert_open(&self, _id: &str) {}
@@ -507,12 +513,8 @@ pub async fn lifecycle_create_get_list_close(c: &mut Client, p: &dyn Probe) {
     assert_eq!(s.approval_mode, SAFE as i32);
     assert_eq!(s.idle_timeout_seconds, 1800);
     assert_eq!(s.workspace_path, "/workspace");
-    if p.reports_usage() {
-        assert!(
-            s.workspace_bytes_limit > 0 && s.workspace_files_limit > 0,
-            "{s:?}"
-        );
-    }
+    assert_size(&s);
+    assert!(s.workspace_files_limit > 0, "{s:?}");
     assert!(s.expires_at_ms > s.created_at_ms);
     let other = create(c, "", UNSPECIFIED, 0).await.unwrap();
     assert!(is_generated_id(&other.session_id));
@@ -540,14 +542,46 @@ pub async fn lifecycle_create_get_list_close(c: &mut Client, p: &dyn Probe) {
         assert!(listed.contains(sid), "{sid} not in {listed:?}");
     }
 
-    // The workspace holds what is written.
+    // The workspace holds what is written, and GetSession reports what it takes: 1 MiB
+    // written by a program (random bytes: nothing compresses them away) is 1 MiB more used.
+    let empty = get(c, &id).await.unwrap();
     write(c, &id, "a.txt", "hi").await;
     p.assert_open(&id);
     assert_eq!(content(c, &id, "a.txt").await, "     1\thi\n");
-    if p.reports_usage() {
-        let used = get(c, &id).await.unwrap();
-        assert!(used.workspace_files_used >= 1, "{used:?}");
-    }
+    shell(c, &id, "head -c 1048576 /dev/urandom > big.bin").await;
+    let used = get(c, &id).await.unwrap();
+    assert_size(&used);
+    assert!(
+        used.workspace_bytes_used >= empty.workspace_bytes_used + (1 << 20),
+        "1 MiB written: {empty:?} then {used:?}"
+    );
+    assert!(
+        used.workspace_bytes_used <= used.workspace_bytes_limit,
+        "{used:?}"
+    );
+    assert!(
+        used.workspace_files_used >= empty.workspace_files_used + 2,
+        "two files: {empty:?} then {used:?}"
+    );
+    assert!(
+        used.workspace_files_used <= used.workspace_files_limit,
+        "{used:?}"
+    );
+    // ListSessions reports it too.
+    let listed = within("ListSessions", c.list_sessions(pb::ListSessionsRequest {}))
+        .await
+        .unwrap()
+        .into_inner()
+        .sessions;
+    let mine_listed = listed.iter().find(|s| s.session_id == id).unwrap();
+    assert!(
+        mine_listed.workspace_bytes_used >= empty.workspace_bytes_used + (1 << 20),
+        "{mine_listed:?}"
+    );
+    assert_eq!(
+        mine_listed.workspace_bytes_limit,
+        used.workspace_bytes_limit
+    );
 
     // Close: gone everywhere.
     let closed = close(c, &id).await.unwrap();
@@ -587,6 +621,15 @@ pub async fn lifecycle_create_get_list_close(c: &mut Client, p: &dyn Probe) {
     assert_eq!(get(c, &unknown).await.unwrap_err().code(), Code::NotFound);
     assert_gone(p, &unknown);
     close_all(c, &[&s.session_id, &other.session_id]).await;
+}
+
+/// Asserts GetSession reports the configured workspace size as the limit (less the
+/// filesystem's overhead, see [`FS_OVERHEAD`]).
+fn assert_size(s: &pb::Session) {
+    assert!(
+        (WORKSPACE_SIZE - FS_OVERHEAD..=WORKSPACE_SIZE).contains(&s.workspace_bytes_limit),
+        "the limit is not the configured {WORKSPACE_SIZE} bytes: {s:?}"
+    );
 }
 
 // ---------------------------------------------------------------- 2. file tools

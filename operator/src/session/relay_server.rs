@@ -8,8 +8,9 @@
 //! 2. names a ToolSession of the sandbox namespace whose `toolrun.dev/tenant` label equals
 //!    the request's tenant; otherwise `SESSION_NOT_FOUND` (another tenant's session does not
 //!    exist for the caller); without a Ready pod `SESSION_NOT_READY` with the status message;
-//! 3. must be a file op of the agent (read_file ... resolve_dir): a `run`, `kill` or any
-//!    other op is refused (`UNKNOWN_OP`), so the relay cannot be used to run programs;
+//! 3. must be a file op of the agent (read_file ... resolve_dir, and `usage`, the
+//!    workspace's usage for GetSession): a `run`, `kill` or any other op is refused
+//!    (`UNKNOWN_OP`), so the relay cannot be used to run programs;
 //! 4. is forwarded to the agent of `status.podName` over the pod's one shared attach stream
 //!    ([`crate::relay::Pool`]), with the request id prefixed `f-` (the agent executes an id
 //!    at most once); the agent's output or typed error comes back unchanged. An agent that

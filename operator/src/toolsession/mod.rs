@@ -4,7 +4,8 @@
 //! - The pod is [`crate::toolrun::builders::agent_pod`] (the lockdown of every sandbox pod, a uid of
 //!   its own, no token, the deny-all policy) named after the ToolSession, owned by it (so
 //!   deleting the session deletes the pod and its volume), labelled with the session and its
-//!   tenant, its agent serving `--workspace /workspace`. The workspace is an emptyDir with
+//!   tenant, its agent serving `--workspace /workspace` with `--workspace-limit-bytes` the
+//!   session's size (what GetSession reports as the limit). The workspace is an emptyDir with
 //!   the session's `sizeMiB` as its limit (the pod's ephemeral storage grows by as much), or
 //!   a PersistentVolumeClaim of `workspace.storageClassName` owned by the session, which
 //!   outlives a pod: a lost pod is then made again on the same claim.
@@ -362,9 +363,14 @@ fn workspace_pod(
         sc.fs_group = sc.run_as_user;
     }
     let c = &mut spec.containers[0];
-    c.command
-        .get_or_insert_with(Vec::new)
-        .extend(["--workspace".to_string(), WORKSPACE.to_string()]);
+    // The agent reports the workspace's usage against its size: statvfs of an emptyDir shows
+    // the node's disk, not the sizeLimit (on a claim the agent reports the smaller).
+    c.command.get_or_insert_with(Vec::new).extend([
+        "--workspace".to_string(),
+        WORKSPACE.to_string(),
+        "--workspace-limit-bytes".to_string(),
+        (u64::from(size) << 20).to_string(),
+    ]);
     c.working_dir = Some(WORKSPACE.into());
     c.volume_mounts
         .get_or_insert_with(Vec::new)

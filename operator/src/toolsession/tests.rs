@@ -147,7 +147,17 @@ fn the_session_pod_is_a_locked_down_agent_with_its_workspace() {
         .iter()
         .map(|x| x.as_str().unwrap())
         .collect();
-    assert_eq!(&cmd[1..], ["agent", "--workspace", "/workspace"]);
+    // The session's size, for the usage the agent reports (statvfs shows the node's disk).
+    assert_eq!(
+        &cmd[1..],
+        [
+            "agent",
+            "--workspace",
+            "/workspace",
+            "--workspace-limit-bytes",
+            "1073741824"
+        ]
+    );
     assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
     let ws = spec["volumes"]
         .as_array()
@@ -173,9 +183,24 @@ fn the_session_pod_is_a_locked_down_agent_with_its_workspace() {
         .unwrap()
         .clone();
     assert_eq!(ws["persistentVolumeClaim"]["claimName"], "ts-abc-workspace");
+    assert!(
+        p["spec"]["containers"][0]["command"]
+            .to_string()
+            .contains("\"--workspace-limit-bytes\",\"1073741824\""),
+        "{p}"
+    );
     let claim = serde_json::to_value(workspace_claim(&s, &OperatorConfig::default())).unwrap();
     assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "1024Mi");
     assert_eq!(claim["spec"]["storageClassName"], "standard");
+    // A smaller session's own size.
+    let mut s = session(600);
+    s.spec.workspace.size_mib = Some(512);
+    let p = serde_json::to_value(session_pod(&s, &OperatorConfig::default()).unwrap()).unwrap();
+    let cmd = p["spec"]["containers"][0]["command"].to_string();
+    assert!(
+        cmd.contains("\"--workspace-limit-bytes\",\"536870912\""),
+        "{cmd}"
+    );
     // A RuntimeClass the operator does not allow is refused.
     let mut s = session(600);
     s.spec.runtime_class_name = Some("weak".into());
@@ -243,10 +268,13 @@ fn a_warm_session_pod_is_the_pod_of_a_default_session_without_session_data() {
         "the same as a session's own pod"
     );
     assert!(is_session_pool_pod(&warm));
-    // Its agent serves the workspace like a session pod's.
+    // Its agent serves the workspace like a session pod's, with the default size.
     let cmd = &v["spec"]["containers"][0]["command"];
     assert!(
-        cmd.to_string().contains("\"--workspace\",\"/workspace\""),
+        cmd.to_string().contains(&format!(
+            "\"--workspace\",\"/workspace\",\"--workspace-limit-bytes\",\"{}\"",
+            u64::from(config.session_workspace_mib) << 20
+        )),
         "{cmd}"
     );
 }

@@ -5,7 +5,7 @@
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use toolrun_workspace::Workspace;
+use toolrun_workspace::{UsageArgs, Workspace};
 
 use super::proto::{
     ErrorBody, ErrorCode, ExistsOutput, FileOpKind, PathArgs, PreviewOutput, ResolveDirOutput,
@@ -36,6 +36,7 @@ pub fn dispatch(ws: &Workspace, kind: FileOpKind, args: &Value) -> Result<Value,
             ws.resolve_dir(&a.path)
                 .map(|path| ResolveDirOutput { path })
         }),
+        K::Usage => call(kind, args, |_: UsageArgs| ws.usage()),
     }
 }
 

@@ -20,6 +20,7 @@
 //! | `read_file`, `write_file`, `list_directory`, `delete_file`, `move_file`, `glob`, `grep`, `edit` | `args`: the tool's arguments as `toolrun_workspace` defines them | `ok` with the tool's output, or `error` |
 //! | `exists`, `resolve_dir` | `args`: `{"path": ...}` | `ok` `{"exists": bool}` / `{"path": rel}`, or `error` |
 //! | `preview_write`, `preview_edit` | `args`: write_file's / edit's arguments | `ok` `{"diff": ...}`, or `error` |
+//! | `usage` | `args`: `{}` | `ok` `{"bytesUsed", "filesUsed", "bytesLimit", "filesLimit", "truncated"}` (`toolrun_workspace::UsageOutput`), or `error` |
 //! | `kill` | `target`: a run's id | `ok` `{"state": "queued"\|"running"\|"finished"\|"file_op"}`; the run ends `CANCELLED` |
 //! | `resume` | `target`, `after_seq` | the target's missed events, then `ok` `{"state", "replayed"}` |
 //! | `ack` | `targets`: ids | `ok` `{"forgotten": n}` |
@@ -62,6 +63,14 @@
 //! stdin again every 200 ms: the FIFO behind a container's stdin (`stdin: true`,
 //! `stdinOnce: false`) delivers the next attach's requests. A line cut when a reader
 //! detached may reach the next reader: clients skip lines they cannot decode.
+//!
+//! **Usage.** `usage` walks the workspace on a file worker (one filesystem, symlinks never
+//! followed, each hard-linked inode once, at most the core's `max_walk_entries` entries:
+//! `truncated` then says the used figures are lower bounds) and reports allocated bytes and
+//! entries used, with the limits: `bytesLimit` is `--workspace-limit-bytes` (the operator
+//! sets the session's size: an emptyDir's `sizeLimit` is not visible to statvfs, which shows
+//! the node's disk) or the filesystem's size when that is smaller (a claim), `filesLimit`
+//! the filesystem's inodes.
 //!
 //! **Runs.** One program at a time: runs queue in arrival order; file ops run concurrently
 //! on `--file-workers` threads (default 4), also during a run. Each run is executed by the
@@ -108,6 +117,10 @@ use reach::ReachCheck;
 pub struct Config {
     /// The workspace served to file ops.
     pub workspace: Option<PathBuf>,
+    /// The workspace's size (`--workspace-limit-bytes`): an emptyDir's `sizeLimit`, which
+    /// statvfs of the mount does not show; `usage` reports it (or the filesystem's size when
+    /// that is smaller).
+    pub workspace_limit_bytes: Option<u64>,
     /// Cleanup between runs.
     pub cleanup: CleanupPlan,
     /// The reachability check, if any.
@@ -130,7 +143,7 @@ pub struct Config {
     pub runner_exe: PathBuf,
 }
 
-const USAGE: &str = "usage: toolrun-runner agent [--workspace DIR] [--scratch DIR]... \
+const USAGE: &str = "usage: toolrun-runner agent [--workspace DIR] [--workspace-limit-bytes N] [--scratch DIR]... \
 [--no-cleanup] [--clean-ipc] [--require-unreachable HOST:PORT|auto|off] \
 [--unreachable-wait-ms N] [--recheck-interval-ms N] [--connect-timeout-ms N] [--max-line-bytes N] [--max-results N] \
 [--max-result-bytes N] [--max-replay-bytes N] [--max-output-bytes N] [--file-workers N]";
@@ -141,6 +154,7 @@ impl Config {
         let pid1 = std::process::id() == 1;
         let mut cfg = Config {
             workspace: None,
+            workspace_limit_bytes: None,
             cleanup: CleanupPlan {
                 enabled: true,
                 scratch: Vec::new(),
@@ -185,6 +199,9 @@ impl Config {
             };
             match flag {
                 "--workspace" => cfg.workspace = Some(value()?.into()),
+                "--workspace-limit-bytes" => {
+                    cfg.workspace_limit_bytes = Some(number(flag, &value()?)?)
+                }
                 "--scratch" => scratch.get_or_insert_with(Vec::new).push(value()?.into()),
                 "--no-cleanup" => cfg.cleanup.enabled = false,
                 "--clean-ipc" => cfg.cleanup.ipc = true,
@@ -239,7 +256,13 @@ pub fn main(args: &[String]) -> i32 {
         }
     };
     let workspace = match &cfg.workspace {
-        Some(dir) => match Workspace::open(dir, WorkspaceLimits::default()) {
+        Some(dir) => match Workspace::open(
+            dir,
+            WorkspaceLimits {
+                size_bytes: cfg.workspace_limit_bytes,
+                ..WorkspaceLimits::default()
+            },
+        ) {
             Ok(ws) => Some(ws),
             Err(e) => {
                 eprintln!(

@@ -125,6 +125,13 @@ pub enum Op {
         /// `{"path": ...}`.
         args: Value,
     },
+    /// `Workspace::usage` with `UsageArgs` (`{}`); output `UsageOutput`: bytes and files
+    /// used (a bounded walk) and the limits (the smaller of `--workspace-limit-bytes` and
+    /// statvfs), for GetSession.
+    Usage {
+        /// `{}`.
+        args: Value,
+    },
 }
 
 /// The file operations, one per method of `toolrun_workspace::Workspace` the gateway calls.
@@ -154,6 +161,8 @@ pub enum FileOpKind {
     PreviewEdit,
     /// resolve_dir
     ResolveDir,
+    /// usage
+    Usage,
 }
 
 impl FileOpKind {
@@ -172,6 +181,7 @@ impl FileOpKind {
             Self::PreviewWrite => "preview_write",
             Self::PreviewEdit => "preview_edit",
             Self::ResolveDir => "resolve_dir",
+            Self::Usage => "usage",
         }
     }
 
@@ -190,6 +200,7 @@ impl FileOpKind {
             Self::PreviewWrite => Op::PreviewWrite { args },
             Self::PreviewEdit => Op::PreviewEdit { args },
             Self::ResolveDir => Op::ResolveDir { args },
+            Self::Usage => Op::Usage { args },
         }
     }
 }
@@ -211,6 +222,7 @@ impl Op {
             Op::PreviewWrite { args } => (K::PreviewWrite, args),
             Op::PreviewEdit { args } => (K::PreviewEdit, args),
             Op::ResolveDir { args } => (K::ResolveDir, args),
+            Op::Usage { args } => (K::Usage, args),
             _ => return None,
         })
     }
@@ -559,6 +571,12 @@ mod tests {
         })
         .unwrap();
         assert_eq!(line, r#"{"id":"a","seq":2,"event":"stdout","data":"x"}"#);
+        let u: Request = serde_json::from_str(r#"{"id":"u","op":"usage","args":{}}"#).unwrap();
+        assert_eq!(
+            u.op.file_op(),
+            Some((FileOpKind::Usage, &serde_json::json!({})))
+        );
+        assert_eq!(FileOpKind::Usage.op(serde_json::json!({})), u.op);
         let back: Response = serde_json::from_str(&line).unwrap();
         assert_eq!(back.seq, 2);
         let err: Response = serde_json::from_str(

@@ -46,6 +46,7 @@ const OPS: &[&str] = &[
     "preview_write",
     "preview_edit",
     "resolve_dir",
+    "usage",
 ];
 
 /// A request the agent remembers by id.

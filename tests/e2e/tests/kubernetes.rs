@@ -3099,7 +3099,8 @@ mod sessions_contract {
     use super::{OPERATOR_PODS, client, deployed, session_contract};
 
     /// The deployed gateway: a caller sees nothing of it beyond gRPC (no host mounts,
-    /// processes or files; GetSession reports no workspace usage on this backend).
+    /// processes or files). The release keeps the chart's default workspace size, which the
+    /// contract's usage assertions expect (`session_contract::WORKSPACE_SIZE`).
     struct OverGrpc;
 
     impl session_contract::Probe for OverGrpc {}

@@ -89,9 +89,10 @@
 //! ([`reach`]); runs wait for it, and if the target stayed reachable for
 //! `--unreachable-wait-ms` (default 5000) every run ends `INFRA_ERROR` naming the cause.
 //! After it passed, the agent checks again every `--recheck-interval-ms` (default 1000; 0:
-//! never) for as long as it lives: a pod that the policy controller had not programmed yet
-//! passes the first check even when no policy selects it. The first connect that succeeds
-//! kills the running program (`INFRA_ERROR`) and refuses every later run.
+//! never; env `TOOLRUN_RECHECK_INTERVAL_MS`) for as long as it lives: a pod that the policy
+//! controller had not programmed yet passes the first check even when no policy selects it.
+//! The first connect that succeeds kills the running program (`INFRA_ERROR`) and refuses
+//! every later run.
 //! `status.isolation` shows the outcome.
 
 pub mod cleanup;
@@ -184,7 +185,10 @@ impl Config {
             None => reach::DEFAULT_WAIT,
         };
         let mut connect_timeout = reach::DEFAULT_CONNECT_TIMEOUT;
-        let mut recheck = reach::DEFAULT_RECHECK;
+        let mut recheck = match env(reach::ENV_RECHECK_MS) {
+            Some(v) => Duration::from_millis(number(reach::ENV_RECHECK_MS, &v)?),
+            None => reach::DEFAULT_RECHECK,
+        };
         let mut it = args.iter();
         while let Some(arg) = it.next() {
             let (flag, inline) = match arg.split_once('=') {

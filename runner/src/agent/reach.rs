@@ -13,9 +13,11 @@
 //! A first check alone is not enough: a policy controller that fails closed drops a pod's
 //! packets until it has programmed the pod, so a pod that no policy isolates also passes a
 //! check made in its first moments (a long-lived agent starts long before its first run).
-//! The agent therefore keeps watching ([`ReachCheck::watch`]): one connect every
-//! `recheck` interval for as long as it lives; the first that succeeds latches the pod as
-//! not isolated (the running program is killed, every later run refused).
+//! Both modes therefore keep watching ([`ReachCheck::watch`]): one connect every `recheck`
+//! interval, the agent for as long as it lives (the first connect that succeeds kills the
+//! running program and latches the pod as not isolated: every later run refused), the
+//! one-shot runner while its program runs (the first that succeeds kills the program and
+//! everything it started; the record is `INFRA_ERROR`).
 
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
@@ -33,6 +35,8 @@ pub const DEFAULT_RECHECK: Duration = Duration::from_millis(1000);
 pub const ENV_TARGET: &str = "TOOLRUN_REQUIRE_UNREACHABLE";
 /// Environment variable holding the wait in milliseconds when no flag does.
 pub const ENV_WAIT_MS: &str = "TOOLRUN_UNREACHABLE_WAIT_MS";
+/// Environment variable holding the re-check interval in milliseconds when no flag does.
+pub const ENV_RECHECK_MS: &str = "TOOLRUN_RECHECK_INTERVAL_MS";
 
 /// What to check, and for how long.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,8 +103,9 @@ impl ReachCheck {
 
     /// After [`ReachCheck::run`] passed: checks again every `recheck` until a connect
     /// succeeds, and returns the message naming it (never returns while the target stays
-    /// unreachable, nor when `recheck` is zero). `since` is when the agent started.
-    pub fn watch(&self, since: Instant) -> String {
+    /// unreachable, nor when `recheck` is zero). `since` is when `who` ("the agent", "the
+    /// runner") started; the caller kills the running program before it shows the message.
+    pub fn watch(&self, since: Instant, who: &str) -> String {
         if self.recheck.is_zero() {
             loop {
                 std::thread::park();
@@ -115,8 +120,8 @@ impl ReachCheck {
             if let Ok(addr) = self.connect_any(&addrs) {
                 return format!(
                     "the API server {} ({addr}) became reachable from the sandbox {} ms after \
-                     the agent started: the pod's network isolation is not in force; the \
-                     running program was killed and no program is run",
+                     {who} started: the pod's network isolation is not in force; the running \
+                     program was killed",
                     self.target,
                     since.elapsed().as_millis()
                 );

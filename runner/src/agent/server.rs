@@ -149,8 +149,8 @@ impl Agent {
                     Err(m) => (IsolationState::Reachable, m),
                 });
                 if passed {
-                    let lost = check.watch(a.started);
-                    a.set_isolation((IsolationState::Reachable, lost));
+                    let lost = check.watch(a.started, "the agent");
+                    a.set_isolation((IsolationState::Reachable, lost + " and no program is run"));
                 }
             });
         }

@@ -29,10 +29,15 @@
 //! `toolrun-runner agent` serves many requests (runs, file operations) over stdin/stdout as
 //! the long-lived PID 1 of a pod; each run is executed by this one-shot mode. See [`agent`].
 //!
-//! ## Fail closed before the first program
+//! ## Fail closed: the API server must stay unreachable
 //! `--require-unreachable HOST:PORT|auto|off` (or `TOOLRUN_REQUIRE_UNREACHABLE`; default off
 //! in one-shot mode, `auto` in agent mode) refuses to run (`INFRA_ERROR` naming the cause)
-//! while that address, by default the API server, is reachable: see [`agent::reach`].
+//! while that address, by default the API server, is reachable: see [`agent::reach`]. Once
+//! that first check passed, the address is checked again every `--recheck-interval-ms`
+//! (or `TOOLRUN_RECHECK_INTERVAL_MS`; default 1000, 0: never) while the program runs (in
+//! agent mode: for as long as the agent lives); the first connect that succeeds kills the
+//! program and everything it started, and the record is `INFRA_ERROR` ("... became reachable
+//! from the sandbox ... the running program was killed") with the output captured so far.
 //!
 //! ## Setup files and artifacts
 //! Before the program starts the runner writes `setup.files` (under `/tmp/` only: a

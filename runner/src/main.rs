@@ -10,16 +10,19 @@ fn main() {
         Some("agent") => std::process::exit(toolrun_runner::agent::main(&args[2..])),
         _ => {}
     }
+    let started = std::time::Instant::now();
     let (args, check) = match reach_flags(args) {
         Ok(v) => v,
         Err(message) => refuse(message),
     };
-    if let Some(check) = check
+    if let Some(check) = &check
         && let Err(message) = check.run()
     {
         refuse(message);
     }
-    std::process::exit(run::main_entry(args));
+    // The first check passed: the same check is watched while the program runs.
+    let watch = check.map(|check| run::Watch { check, started });
+    std::process::exit(run::main_entry(args, watch));
 }
 
 /// Writes an INFRA_ERROR record and exits (the record is the runner's whole answer).
@@ -31,45 +34,47 @@ fn refuse(message: String) -> ! {
 }
 
 /// Takes the one-shot mode's reachability flags out of `args`: `--require-unreachable
-/// HOST:PORT|auto|off` and `--unreachable-wait-ms N`, with the same environment variables as
-/// the agent. Off unless asked for.
+/// HOST:PORT|auto|off`, `--unreachable-wait-ms N` and `--recheck-interval-ms N` (default
+/// 1000; 0: no re-check while the program runs), with the same environment variables as the
+/// agent. Off unless asked for.
 fn reach_flags(args: Vec<String>) -> Result<(Vec<String>, Option<ReachCheck>), String> {
     let mut rest = Vec::with_capacity(args.len());
     let mut target = std::env::var(reach::ENV_TARGET).unwrap_or_else(|_| "off".into());
     let mut wait = std::env::var(reach::ENV_WAIT_MS).ok();
+    let mut recheck = std::env::var(reach::ENV_RECHECK_MS).ok();
     let mut it = args.into_iter();
     while let Some(arg) = it.next() {
         let (flag, inline) = match arg.split_once('=') {
             Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
             _ => (arg.clone(), None),
         };
-        match flag.as_str() {
-            "--require-unreachable" | "--unreachable-wait-ms" => {
-                let value = inline
-                    .or_else(|| it.next())
-                    .ok_or(format!("{flag} needs a value"))?;
-                if flag == "--require-unreachable" {
-                    target = value;
-                } else {
-                    wait = Some(value);
-                }
+        let slot = match flag.as_str() {
+            "--require-unreachable" => &mut target,
+            "--unreachable-wait-ms" => wait.insert(String::new()),
+            "--recheck-interval-ms" => recheck.insert(String::new()),
+            _ => {
+                rest.push(arg);
+                continue;
             }
-            _ => rest.push(arg),
-        }
+        };
+        *slot = inline
+            .or_else(|| it.next())
+            .ok_or(format!("{flag} needs a value"))?;
     }
-    let wait = match wait {
-        Some(v) => std::time::Duration::from_millis(
-            v.parse()
-                .map_err(|_| format!("unreachable wait {v:?} is not a number of milliseconds"))?,
-        ),
-        None => reach::DEFAULT_WAIT,
+    let millis = |what: &str, v: Option<String>, default| match v {
+        Some(v) => v
+            .parse()
+            .map(std::time::Duration::from_millis)
+            .map_err(|_| format!("{what} {v:?} is not a number of milliseconds")),
+        None => Ok(default),
     };
+    let wait = millis("unreachable wait", wait, reach::DEFAULT_WAIT)?;
+    let recheck = millis("re-check interval", recheck, reach::DEFAULT_RECHECK)?;
     let check = reach::target_from(&target, |k| std::env::var(k).ok()).map(|target| ReachCheck {
         target,
         wait,
         connect_timeout: reach::DEFAULT_CONNECT_TIMEOUT,
-        // The one-shot runner checks once, right before its program.
-        recheck: std::time::Duration::ZERO,
+        recheck,
     });
     Ok((rest, check))
 }

@@ -16,6 +16,7 @@ use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::wait::{WaitStatus, waitpid};
 use nix::unistd::Pid;
 
+use crate::agent::reach::ReachCheck;
 use crate::capture::StreamCapture;
 use crate::{Event, Language, PROTOCOL_VERSION, RunRecord, RunSpec, Verdict};
 
@@ -33,12 +34,13 @@ const KILL_INTERVAL: Duration = Duration::from_millis(20);
 ///
 /// `toolrun-runner --spec PATH|-`: reads the [`RunSpec`], runs it, writes JSON-lines
 /// [`Event`]s to stdout ending with exactly one result record. Exit status 0 means the
-/// record was written (whatever the program did).
-pub fn main_entry(args: impl IntoIterator<Item = String>) -> i32 {
+/// record was written (whatever the program did). `watch`: the reachability check that
+/// passed before, watched while the program runs.
+pub fn main_entry(args: impl IntoIterator<Item = String>, watch: Option<Watch>) -> i32 {
     harden_self();
     let mut stdout = std::io::stdout().lock();
     let record = match read_spec(args) {
-        Ok(spec) => run(&spec, &mut stdout),
+        Ok(spec) => run(&spec, &mut stdout, watch.as_ref()),
         Err(message) => infra_error(message),
     };
     match stdout
@@ -129,6 +131,17 @@ fn close_inherited_fds() {
     }
 }
 
+/// The isolation watch while the program runs: [`ReachCheck::watch`] in a thread of the
+/// runner; the first connect that succeeds kills the program and everything it started, and
+/// the record is `INFRA_ERROR` with the watch's message (and the output captured so far).
+#[derive(Debug, Clone)]
+pub struct Watch {
+    /// The check that passed before the program started (off when its `recheck` is zero).
+    pub check: ReachCheck,
+    /// When the runner started (for the message).
+    pub started: Instant,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum StreamId {
     Stdout,
@@ -143,6 +156,8 @@ enum Msg {
     Exited(WaitStatus, f64),
     /// No process of the run is left (waitpid says ECHILD).
     AllReaped,
+    /// The watch found the target reachable: the message naming it.
+    Reachable(String),
 }
 
 /// The argv that starts `spec.code` with `spec.args`.
@@ -167,13 +182,13 @@ pub fn argv(spec: &RunSpec) -> Vec<String> {
 }
 
 /// Runs `spec`, writing chunk events to `out`, and returns the record (not yet written).
-pub fn run(spec: &RunSpec, out: &mut impl Write) -> RunRecord {
+pub fn run(spec: &RunSpec, out: &mut impl Write, watch: Option<&Watch>) -> RunRecord {
     // Setup files and the outputs directory, before any limit is set (see artifacts).
     let before = match crate::artifacts::before_run(&spec.setup) {
         Ok(b) => b,
         Err(message) => return infra_error(message),
     };
-    let mut record = match Run::start(spec) {
+    let mut record = match Run::start(spec, watch) {
         Ok(run) => run.finish(spec, out),
         Err(message) => infra_error(message),
     };
@@ -193,7 +208,7 @@ struct Run {
 }
 
 impl Run {
-    fn start(spec: &RunSpec) -> Result<Run, String> {
+    fn start(spec: &RunSpec, watch: Option<&Watch>) -> Result<Run, String> {
         let cap = spec.limits.output_limit_bytes;
         let (stdin_r, stdin_w) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
         let (stdout_r, stdout_w) = std::io::pipe().map_err(|e| format!("pipe: {e}"))?;
@@ -211,6 +226,18 @@ impl Run {
             let tx = tx.clone();
             move || pump(stderr_r, StreamId::Stderr, cap, tx)
         })?;
+        // The watch is a thread of the runner, not of the program: started here, before the
+        // rlimits and outside the seccomp filter (installed on the calling thread only), it
+        // neither loosens them for the program nor is stopped by them (RLIMIT_NPROC counts
+        // threads: it exists before). Its one socket at a time fits under RLIMIT_NOFILE: the
+        // runner holds fewer descriptors while the program runs (two pipe read ends, stdin's
+        // write end) than it needed to start it (every pipe end).
+        if let Some(w) = watch.filter(|w| !w.check.recheck.is_zero()) {
+            let (w, tx) = (w.clone(), tx.clone());
+            spawn_thread("reach", move || {
+                let _ = tx.send(Msg::Reachable(w.check.watch(w.started, "the runner")));
+            })?;
+        }
         spawn_thread("reaper", move || reap(pid_rx, tx))?;
         let stdin_data = spec.stdin.clone().into_bytes();
         spawn_thread("stdin", move || {
@@ -262,7 +289,16 @@ impl Run {
         let mut duration = None;
         let mut timed_out = false;
         let mut overflow: Option<StreamId> = None;
+        let mut reachable: Option<String> = None;
         let mut drain_until: Option<Instant> = None;
+        // Every way the run ends: everything the program started is killed, and the pipes
+        // and the reaper get a grace that counts from now, not from before the wait (`now`
+        // is as old as the wait was long: a program quiet for seconds, then exiting, would
+        // otherwise get no grace at all and lose its last output).
+        let stop = |drain_until: &mut Option<Instant>| {
+            drain_until.get_or_insert_with(|| Instant::now() + DRAIN_GRACE);
+            kill_all(self.child);
+        };
 
         loop {
             if exited.is_some() && out_eof && err_eof && all_reaped {
@@ -271,8 +307,7 @@ impl Run {
             let now = Instant::now();
             if drain_until.is_none() && now >= deadline {
                 timed_out = true;
-                drain_until = Some(now + DRAIN_GRACE);
-                kill_all(self.child);
+                stop(&mut drain_until);
             }
             if let Some(until) = drain_until
                 && now >= until
@@ -307,11 +342,7 @@ impl Run {
                     if overflow.is_none() && !timed_out {
                         overflow = Some(id);
                     }
-                    // From now, not from before the wait: `now` is as old as the wait was
-                    // long (a program quiet for seconds, then exiting, would otherwise get no
-                    // grace at all and lose its last output).
-                    drain_until.get_or_insert(Instant::now() + DRAIN_GRACE);
-                    kill_all(self.child);
+                    stop(&mut drain_until);
                 }
                 Ok(Msg::Eof(StreamId::Stdout)) => out_eof = true,
                 Ok(Msg::Eof(StreamId::Stderr)) => err_eof = true,
@@ -319,11 +350,13 @@ impl Run {
                     duration.get_or_insert(self.started.elapsed());
                     exited = Some((status, cpu));
                     // Whatever the program left behind (daemons, background jobs) dies now.
-                    // The grace counts from now (see Overflow above).
-                    drain_until.get_or_insert(Instant::now() + DRAIN_GRACE);
-                    kill_all(self.child);
+                    stop(&mut drain_until);
                 }
                 Ok(Msg::AllReaped) => all_reaped = true,
+                Ok(Msg::Reachable(message)) => {
+                    reachable.get_or_insert(message);
+                    stop(&mut drain_until);
+                }
                 Err(RecvTimeoutError::Timeout) => {
                     if drain_until.is_some() {
                         kill_all(self.child);
@@ -346,7 +379,10 @@ impl Run {
         let cpu_hit = limits.cpu_seconds > 0
             && (signal == Some(Signal::SIGXCPU)
                 || (signal == Some(Signal::SIGKILL) && cpu >= limits.cpu_seconds as f64));
-        let (verdict, message) = if timed_out {
+        // First: whatever else happened, the program may have had the network.
+        let (verdict, message) = if let Some(message) = reachable {
+            (Verdict::InfraError, message)
+        } else if timed_out {
             (
                 Verdict::Timeout,
                 format!("wall-clock time limit of {} ms exceeded", limits.timeout_ms),

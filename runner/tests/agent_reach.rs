@@ -271,5 +271,184 @@ fn the_one_shot_runner_checks_behind_the_same_flag_and_env() {
     let closed = closed_port();
     let rec = one_shot_with(&["--require-unreachable", &closed], &[], &ws);
     assert_eq!((rec.verdict, rec.stdout.as_str()), (Verdict::Ok, "ran\n"));
+    // A re-check interval that is not a number is refused like the wait.
+    let rec = one_shot_with(
+        &["--require-unreachable", &closed, "--recheck-interval-ms=1s"],
+        &[],
+        &ws,
+    );
+    assert_eq!(rec.verdict, Verdict::InfraError, "{rec:?}");
+    assert!(
+        rec.message.contains("re-check interval \"1s\""),
+        "{}",
+        rec.message
+    );
     drop(listener);
+}
+
+/// The one-shot runner's watch: the first check against a closed port passes and the program
+/// starts (`echo started`, a background job, `sleep 3`); once its first line is out the port
+/// opens (a listener binds it, as a pod's API server becomes reachable once the policy
+/// controller has programmed a pod no policy selects). Returns the record, the time from the
+/// opening to the record, and the workspace once the program would have finished.
+fn one_shot_opened_while_running(
+    name: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    max_open_files: u64,
+) -> (RunRecord, Duration, std::path::PathBuf, String) {
+    use std::io::BufRead;
+    let ws = temp_dir(name);
+    let closed = closed_port();
+    let mut s = spec(
+        Language::Bash,
+        "(sleep 2.5; touch orphan) & echo started; sleep 3; touch finished",
+        &ws,
+    );
+    s.limits.max_open_files = max_open_files;
+    let mut child = Command::new(RUNNER)
+        .args(["--require-unreachable", &closed, "--spec", "-"])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&serde_json::to_vec(&s).unwrap())
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let first = Event::parse(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(
+        first,
+        Event::Stdout {
+            data: "started\n".into()
+        }
+    );
+    let listener = TcpListener::bind(&closed).unwrap();
+    let opened = Instant::now();
+    let mut rec = None;
+    for line in lines {
+        if let Event::Result(r) = Event::parse(&line.unwrap()).unwrap() {
+            rec = Some(r);
+        }
+    }
+    let took = opened.elapsed();
+    assert!(child.wait().unwrap().success());
+    drop(listener);
+    // Past the program's end, had it not been killed.
+    std::thread::sleep(Duration::from_millis(3500).saturating_sub(opened.elapsed()));
+    (rec.expect("no record"), took, ws, closed)
+}
+
+/// The smallest RLIMIT_NOFILE under which the runner starts `bash -c true`.
+fn tightest_open_files() -> u64 {
+    let ws = temp_dir("reach-nofile");
+    (3..64)
+        .find(|&n| {
+            let mut s = spec(Language::Bash, "true", &ws);
+            s.limits.max_open_files = n;
+            let mut child = Command::new(RUNNER)
+                .args(["--spec", "-"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let _ = child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(&serde_json::to_vec(&s).unwrap());
+            let out = child.wait_with_output().unwrap();
+            let text = String::from_utf8(out.stdout).unwrap();
+            matches!(
+                Event::parse(text.lines().last().unwrap()).unwrap(),
+                Event::Result(r) if r.verdict == Verdict::Ok
+            )
+        })
+        .expect("bash starts under no RLIMIT_NOFILE below 64")
+}
+
+/// The one-shot runner re-checks while its program runs (default every second, on with the
+/// first check): the target opening kills the program and its background job, the record is
+/// INFRA_ERROR naming the cause and keeps the output printed before. Also under the tightest
+/// RLIMIT_NOFILE the program starts with (the watch's socket is the runner's, under the limit
+/// it sets on itself). Controls: the watch off by flag or by environment variable runs the
+/// program to its end.
+#[test]
+fn the_one_shot_runner_kills_its_program_when_the_target_becomes_reachable() {
+    let nofile = tightest_open_files();
+    type Case = (
+        &'static str,
+        &'static [&'static str],
+        &'static [(&'static str, &'static str)],
+        u64,
+        bool,
+    );
+    let cases: Vec<Case> = vec![
+        ("oneshot-watch", &[], &[], 0, true),
+        ("oneshot-watch-nofile", &[], &[], nofile, true),
+        (
+            "oneshot-flag-off",
+            &["--recheck-interval-ms", "0"],
+            &[],
+            0,
+            false,
+        ),
+        (
+            "oneshot-env-off",
+            &[],
+            &[("TOOLRUN_RECHECK_INTERVAL_MS", "0")],
+            0,
+            false,
+        ),
+    ];
+    let runs: Vec<_> = cases
+        .into_iter()
+        .map(|(name, args, env, nofile, watched)| {
+            let run =
+                std::thread::spawn(move || one_shot_opened_while_running(name, args, env, nofile));
+            (name, watched, run)
+        })
+        .collect();
+    for (name, watched, run) in runs {
+        let (rec, took, ws, closed) = run.join().unwrap();
+        if !watched {
+            assert_eq!(
+                (rec.verdict, rec.stdout.as_str()),
+                (Verdict::Ok, "started\n"),
+                "{name}: {rec:?}"
+            );
+            assert!(
+                ws.join("finished").exists() && ws.join("orphan").exists(),
+                "{name}"
+            );
+            continue;
+        }
+        assert_eq!(rec.verdict, Verdict::InfraError, "{name}: {rec:?}");
+        assert!(
+            rec.message.contains(&closed)
+                && rec.message.contains("became reachable from the sandbox")
+                && rec.message.contains("after the runner started")
+                && rec.message.contains("the running program was killed"),
+            "{name}: {}",
+            rec.message
+        );
+        assert_eq!(
+            rec.stdout, "started\n",
+            "{name}: the output before the kill"
+        );
+        assert!(
+            took < Duration::from_millis(2000),
+            "{name}: killed only after {took:?}"
+        );
+        assert!(!ws.join("finished").exists(), "{name}: the program ran on");
+        assert!(
+            !ws.join("orphan").exists(),
+            "{name}: its background job ran on"
+        );
+    }
 }

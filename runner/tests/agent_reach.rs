@@ -201,27 +201,11 @@ fn a_target_that_becomes_reachable_later_kills_the_run_and_refuses_the_next() {
 }
 
 fn one_shot_with(args: &[&str], env: &[(&str, &str)], ws: &std::path::Path) -> RunRecord {
-    let mut child = Command::new(RUNNER)
-        .args(["--spec", "-"])
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let s = spec(Language::Bash, "echo ran", ws);
-    let _ = child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(&serde_json::to_vec(&s).unwrap());
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    let text = String::from_utf8(out.stdout).unwrap();
-    match Event::parse(text.lines().last().unwrap()).unwrap() {
-        Event::Result(r) => r,
-        other => panic!("{other:?}"),
-    }
+    one_shot_record(spawn_one_shot(
+        args,
+        env,
+        &spec(Language::Bash, "echo ran", ws),
+    ))
 }
 
 #[test]
@@ -306,20 +290,11 @@ fn one_shot_opened_while_running(
         &ws,
     );
     s.limits.max_open_files = max_open_files;
-    let mut child = Command::new(RUNNER)
-        .args(["--require-unreachable", &closed, "--spec", "-"])
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(&serde_json::to_vec(&s).unwrap())
-        .unwrap();
+    let args: Vec<&str> = ["--require-unreachable", closed.as_str()]
+        .into_iter()
+        .chain(args.iter().copied())
+        .collect();
+    let mut child = spawn_one_shot(&args, env, &s);
     let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let first = Event::parse(&lines.next().unwrap().unwrap()).unwrap();
     assert_eq!(

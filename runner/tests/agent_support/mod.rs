@@ -248,26 +248,39 @@ pub fn streamed_stdout(events: &[Response]) -> String {
         .collect()
 }
 
-/// The one-shot runner's record for the same spec.
-pub fn one_shot(spec: &RunSpec) -> RunRecord {
+/// The one-shot runner (`--spec -` then `args`, with `env` added) fed `spec` on stdin.
+pub fn spawn_one_shot(args: &[&str], env: &[(&str, &str)], spec: &RunSpec) -> Child {
     let mut child = Command::new(RUNNER)
         .args(["--spec", "-"])
+        .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
-    child
+    // EPIPE when the runner refused before reading: its record says why.
+    let _ = child
         .stdin
         .take()
         .unwrap()
-        .write_all(&serde_json::to_vec(spec).unwrap())
-        .unwrap();
+        .write_all(&serde_json::to_vec(spec).unwrap());
+    child
+}
+
+/// The record a finished one-shot runner wrote last.
+pub fn one_shot_record(child: Child) -> RunRecord {
     let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8(out.stdout).unwrap();
     match Event::parse(text.lines().last().unwrap()).unwrap() {
         Event::Result(r) => r,
         other => panic!("{other:?}"),
     }
+}
+
+/// The one-shot runner's record for the same spec.
+pub fn one_shot(spec: &RunSpec) -> RunRecord {
+    one_shot_record(spawn_one_shot(&[], &[], spec))
 }
 
 pub fn file_op(id: &str, kind: toolrun_runner::agent::proto::FileOpKind, args: Value) -> Request {

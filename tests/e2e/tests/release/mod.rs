@@ -133,6 +133,25 @@ pub async fn install(client: &Client) -> Result<Deployed> {
         bail!("{e:#}\n--- kubectl get all,events -n {SYSTEM_NS} ---\n{diag}");
     }
     eprintln!("helm install of {RELEASE}: {:?}", t.elapsed());
+    // An upgrade that changed the configuration rolls the pods: `--wait` returns once the
+    // new ones are ready, while the old ones still terminate (and may still be picked as
+    // "the gateway pod" or answer a connection). Tests start once they are gone.
+    wait_until(
+        Duration::from_secs(90),
+        "the release's old pods to be gone",
+        || {
+            let pods: Api<Pod> = Api::namespaced(client.clone(), SYSTEM_NS);
+            async move {
+                Ok(pods
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .iter()
+                    .all(|p| p.metadata.deletion_timestamp.is_none()))
+            }
+        },
+    )
+    .await?;
 
     let services: Api<Service> = Api::namespaced(client.clone(), SYSTEM_NS);
     let gateway_svc = services

@@ -235,7 +235,9 @@ impl Run {
         if let Some(w) = watch.filter(|w| !w.check.recheck.is_zero()) {
             let (w, tx) = (w.clone(), tx.clone());
             spawn_thread("reach", move || {
-                let _ = tx.send(Msg::Reachable(w.check.watch(w.started, "the runner")));
+                if let Some(lost) = w.check.watch(w.started, "the runner") {
+                    let _ = tx.send(Msg::Reachable(lost));
+                }
             })?;
         }
         spawn_thread("reaper", move || reap(pid_rx, tx))?;

@@ -4,9 +4,8 @@
 
 mod agent_support;
 
-use std::io::Write;
 use std::net::TcpListener;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use agent_support::*;
@@ -326,18 +325,7 @@ fn tightest_open_files() -> u64 {
         .find(|&n| {
             let mut s = spec(Language::Bash, "true", &ws);
             s.limits.max_open_files = n;
-            let mut child = Command::new(RUNNER)
-                .args(["--spec", "-"])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let _ = child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(&serde_json::to_vec(&s).unwrap());
-            let out = child.wait_with_output().unwrap();
+            let out = spawn_one_shot(&[], &[], &s).wait_with_output().unwrap();
             let text = String::from_utf8(out.stdout).unwrap();
             matches!(
                 Event::parse(text.lines().last().unwrap()).unwrap(),

@@ -103,13 +103,12 @@ impl ReachCheck {
 
     /// After [`ReachCheck::run`] passed: checks again every `recheck` until a connect
     /// succeeds, and returns the message naming it (never returns while the target stays
-    /// unreachable, nor when `recheck` is zero). `since` is when `who` ("the agent", "the
-    /// runner") started; the caller kills the running program before it shows the message.
-    pub fn watch(&self, since: Instant, who: &str) -> String {
+    /// unreachable); `None` at once when `recheck` is zero (no watch). `since` is when `who`
+    /// ("the agent", "the runner") started; the caller kills the running program before it
+    /// shows the message.
+    pub fn watch(&self, since: Instant, who: &str) -> Option<String> {
         if self.recheck.is_zero() {
-            loop {
-                std::thread::park();
-            }
+            return None;
         }
         loop {
             std::thread::sleep(self.recheck);
@@ -118,13 +117,13 @@ impl ReachCheck {
                 continue;
             };
             if let Ok(addr) = self.connect_any(&addrs) {
-                return format!(
+                return Some(format!(
                     "the API server {} ({addr}) became reachable from the sandbox {} ms after \
                      {who} started: the pod's network isolation is not in force; the running \
                      program was killed",
                     self.target,
                     since.elapsed().as_millis()
-                );
+                ));
             }
         }
     }

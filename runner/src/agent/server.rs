@@ -148,8 +148,7 @@ impl Agent {
                     Ok(m) => (IsolationState::Isolated, m),
                     Err(m) => (IsolationState::Reachable, m),
                 });
-                if passed {
-                    let lost = check.watch(a.started, "the agent");
+                if passed && let Some(lost) = check.watch(a.started, "the agent") {
                     a.set_isolation((IsolationState::Reachable, lost + " and no program is run"));
                 }
             });
